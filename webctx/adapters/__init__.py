@@ -1,0 +1,1 @@
+"""Implementations of the Protocols in webctx.ports, one file per backend."""

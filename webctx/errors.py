@@ -1,0 +1,114 @@
+"""The one exception tree of webctx.
+
+WebctxError
++-- ConfigError                  # settings that cannot work together
++-- InvalidRequest               # a malformed job request (CLI, API)
++-- JobNotFound(job_id)
++-- TransientError               # the only thing Celery retries
+|   +-- RateLimited(retry_after) # 429 from a provider
+|   +-- FetchTimeout(url)        # also a FetchError
+|   +-- ProviderUnavailable      # 5xx / connection errors from search, embeddings, store
++-- FetchError(url)
+|   +-- BlockedURL               # SSRF guard, scheme, robots.txt
+|   +-- ContentTooLarge
+|   +-- UnsupportedContent       # not HTML / XHTML / plain text
+|   +-- HTTPStatusError(status)
+|   +-- ExtractionError          # no main text could be extracted
++-- ProviderError(provider)      # search / embeddings / vector store refused the request
+"""
+
+from __future__ import annotations
+
+
+class WebctxError(Exception):
+    """Base of every error webctx raises on purpose."""
+
+
+class ConfigError(WebctxError):
+    """Settings that cannot work (missing URL, conflicting options)."""
+
+
+class InvalidRequest(WebctxError):
+    """A job request that fails validation."""
+
+
+class JobNotFound(WebctxError):
+    """No job with this id exists (or it has expired)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id!r} not found")
+        self.job_id = job_id
+
+
+class TransientError(WebctxError):
+    """A failure that may go away when retried."""
+
+
+class RateLimited(TransientError):
+    """The provider answered 429; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str = "rate limited", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ProviderUnavailable(TransientError):
+    """A provider answered 5xx, timed out, or could not be reached."""
+
+
+class FetchError(WebctxError):
+    """A page could not be fetched or extracted."""
+
+    reason = "fetch_error"
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class FetchTimeout(FetchError, TransientError):
+    """The page did not arrive within its deadline."""
+
+    reason = "timeout"
+
+
+class BlockedURL(FetchError):
+    """The URL is refused by policy (scheme, address, robots.txt)."""
+
+    reason = "blocked"
+
+
+class ContentTooLarge(FetchError):
+    """The decoded body exceeded the size cap."""
+
+    reason = "too_large"
+
+
+class UnsupportedContent(FetchError):
+    """The response is not HTML, XHTML or plain text."""
+
+    reason = "unsupported_content"
+
+
+class HTTPStatusError(FetchError):
+    """The server answered with a non-2xx status."""
+
+    reason = "http_status"
+
+    def __init__(self, url: str, message: str, *, status: int) -> None:
+        super().__init__(url, message)
+        self.status = status
+
+
+class ExtractionError(FetchError):
+    """No main text could be extracted from the page."""
+
+    reason = "extraction"
+
+
+class ProviderError(WebctxError):
+    """A search, embeddings or vector-store provider refused the request."""
+
+    def __init__(self, provider: str, message: str) -> None:
+        super().__init__(f"{provider}: {message}")
+        self.provider = provider

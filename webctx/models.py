@@ -1,0 +1,179 @@
+"""Pydantic records passed between stages and stored between tasks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+BUNDLE_SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class JobRequest(BaseModel):
+    """What a caller asks for: the question and the knobs of one research job."""
+
+    question: str = Field(min_length=1, max_length=2000)
+    max_sources: int = Field(default=10, ge=1, le=100)
+    top_k: int = Field(default=12, ge=1, le=200)
+    token_budget: int = Field(default=3000, ge=50, le=100_000)
+    max_queries: int = Field(default=4, ge=1, le=10)
+    include_domains: list[str] = Field(default_factory=list)
+    exclude_domains: list[str] = Field(default_factory=list)
+
+    @field_validator("question")
+    @classmethod
+    def _question_has_text(cls, value: str) -> str:
+        value = " ".join(value.split())
+        if not value:
+            raise ValueError("question must contain text")
+        return value
+
+
+class JobStatus(StrEnum):
+    """Lifecycle of a job."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class SearchResult(BaseModel):
+    """One hit from a search provider."""
+
+    url: str
+    title: str = ""
+    snippet: str = ""
+    rank: int = Field(ge=0, description="0-based position in the provider's answer")
+    query: str = ""
+    provider: str = ""
+
+
+class Download(BaseModel):
+    """A fetched HTTP body, before extraction."""
+
+    url: str
+    final_url: str
+    status: int
+    content_type: str
+    body: bytes
+    encoding: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    fetched_at: datetime = Field(default_factory=utcnow)
+
+
+class Page(BaseModel):
+    """The extracted main text of one source, plus its metadata."""
+
+    url: str
+    final_url: str
+    title: str = ""
+    site: str = ""
+    author: str | None = None
+    published: str | None = None
+    fetched_at: datetime
+    content_sha256: str
+    text: str
+    etag: str | None = None
+    last_modified: str | None = None
+
+
+class Chunk(BaseModel):
+    """A token-bounded span of a page's text; `text == page.text[start:end]`."""
+
+    content_sha256: str
+    index: int
+    start: int
+    end: int
+    text: str
+    tokens: int
+
+
+class StoredChunk(BaseModel):
+    """A chunk as held in the vector store: id, vector and payload."""
+
+    id: str
+    vector: list[float]
+    chunk: Chunk
+    url: str
+    model: str
+
+
+class ScoredChunk(BaseModel):
+    """A chunk retrieved for a question, with its cosine similarity."""
+
+    chunk: Chunk
+    url: str
+    score: float
+    vector: list[float] = Field(default_factory=list, repr=False)
+
+
+class Failure(BaseModel):
+    """A source that did not make it, and why."""
+
+    url: str
+    stage: Literal["search", "fetch", "extract", "embed", "store", "rank"]
+    error: str
+    reason: str = "error"
+
+
+class BundleSource(BaseModel):
+    """A cited source; `id` is the citation number."""
+
+    id: int
+    url: str
+    final_url: str
+    title: str
+    site: str
+    published: str | None
+    fetched_at: datetime
+    content_sha256: str
+
+
+class BundleChunk(BaseModel):
+    """A chunk placed in the bundle; `source` is the citation number."""
+
+    source: int
+    text: str
+    start: int
+    end: int
+    tokens: int
+    score: float
+
+
+class BundleStats(BaseModel):
+    """Counts and timings of one job."""
+
+    queries: int = 0
+    results: int = 0
+    fetched: int = 0
+    failed: int = 0
+    chunks: int = 0
+    embed_requests: int = 0
+    tokens_embedded: int = 0
+    bundle_tokens: int = 0
+    elapsed_s: float = 0.0
+    stage_s: dict[str, float] = Field(default_factory=dict)
+
+
+class Bundle(BaseModel):
+    """The versioned, cited context bundle a job produces."""
+
+    schema_version: int = BUNDLE_SCHEMA_VERSION
+    job_id: str
+    question: str
+    queries: list[str]
+    created_at: datetime = Field(default_factory=utcnow)
+    sources: list[BundleSource]
+    chunks: list[BundleChunk]
+    failures: list[Failure] = Field(default_factory=list)
+    stats: BundleStats = Field(default_factory=BundleStats)

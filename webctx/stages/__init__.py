@@ -1,0 +1,1 @@
+"""Pipeline stages: plain typed functions, collaborators passed in as arguments."""
