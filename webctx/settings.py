@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class FetchSettings(BaseModel):
@@ -68,6 +68,8 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "WEBCTX_OPENAI_API_KEY")
     )
+    embedding_provider: Literal["auto", "openai", "hash"] = "auto"
+    """auto: the OpenAI-compatible API when OPENAI_BASE_URL or OPENAI_API_KEY is set."""
     embedding_model: str = "text-embedding-3-small"
     embedding_dimensions: int | None = None
     planner_model: str | None = None
@@ -78,6 +80,8 @@ class Settings(BaseSettings):
     qdrant_collection: str = "webctx_chunks"
 
     allow_private_networks: bool = False
+    allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """CIDRs allowed even though private, e.g. 127.0.0.1/32 (comma-separated in env)."""
     job_ttl_s: int = 7 * 24 * 3600
     job_timeout_s: float = 600.0
     worker_concurrency: int = 8
@@ -85,6 +89,13 @@ class Settings(BaseSettings):
     fetch: FetchSettings = FetchSettings()
     chunk: ChunkSettings = ChunkSettings()
     embed: EmbedSettings = EmbedSettings()
+
+    @field_validator("allowed_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @property
     def embedded(self) -> bool:

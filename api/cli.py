@@ -1,0 +1,176 @@
+"""The `webctx` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from webctx.errors import WebctxError
+from webctx.jobs import JobStore
+from webctx.models import Bundle, JobRequest, JobStatus
+from webctx.settings import get_settings
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+class OutputFormat(StrEnum):
+    """How a bundle is printed."""
+
+    json = "json"
+    markdown = "markdown"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _request(question: str, **knobs: int) -> JobRequest:
+    try:
+        return JobRequest(question=question, **knobs)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise _fail(f"invalid request: {problems}") from exc
+
+
+def _print_bundle(bundle: Bundle, fmt: OutputFormat) -> None:
+    if fmt is OutputFormat.markdown:
+        from webctx.stages.bundle import render_markdown
+
+        sys.stdout.write(render_markdown(bundle) + "\n")
+    else:
+        sys.stdout.write(bundle.model_dump_json(indent=2) + "\n")
+    sys.stdout.flush()
+
+
+@cli.command()
+def research(
+    question: Annotated[str, typer.Argument(help="The research question.")],
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
+    max_sources: Annotated[int, typer.Option(help="Pages to fetch at most.")] = 10,
+    top_k: Annotated[int, typer.Option(help="Chunks in the bundle at most.")] = 12,
+    token_budget: Annotated[int, typer.Option(help="Tokens of chunk text at most.")] = 3000,
+    max_queries: Annotated[int, typer.Option(help="Search queries planned at most.")] = 4,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and exit.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds to wait for the job.")] = None,
+) -> None:
+    """Research a question and print its cited context bundle."""
+    from workers.pipeline import submit_job
+
+    request = _request(
+        question, max_sources=max_sources, top_k=top_k, token_budget=token_budget,
+        max_queries=max_queries,
+    )
+    settings = get_settings()
+    wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
+    try:
+        if settings.embedded:
+            if no_wait:
+                raise _fail("--no-wait needs a broker (CELERY_BROKER_URL); embedded jobs "
+                            "live only as long as this command")
+            from workers.embedded import embedded_worker
+
+            with embedded_worker(settings) as deps:
+                job_id = submit_job(deps.jobs, request, timeout_s=settings.job_timeout_s)
+                _wait_and_print(deps.jobs, job_id, format, wait_s)
+            return
+        from workers.deps import state_client
+
+        jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
+        job_id = submit_job(jobs, request, timeout_s=settings.job_timeout_s)
+        if no_wait:
+            typer.echo(job_id)
+            return
+        _wait_and_print(jobs, job_id, format, wait_s)
+    except WebctxError as exc:
+        raise _fail(str(exc), code=1) from exc
+
+
+def _wait_and_print(jobs: JobStore, job_id: str, fmt: OutputFormat, wait_s: float) -> None:
+    from api.progress import wait_for_job
+
+    progress = wait_for_job(lambda: jobs.progress(job_id), timeout_s=wait_s)
+    bundle = jobs.bundle(job_id)
+    if bundle is not None:
+        _print_bundle(bundle, fmt)
+    if progress.status is not JobStatus.SUCCEEDED:
+        raise _fail(f"job {job_id} {progress.status.value}: {progress.error or ''}", code=1)
+
+
+@cli.command()
+def status(job_id: str) -> None:
+    """Print a job's progress as JSON (broker mode)."""
+    from workers.deps import state_client
+
+    settings = get_settings()
+    try:
+        progress = JobStore(state_client(settings)).progress(job_id)
+    except WebctxError as exc:
+        raise _fail(str(exc), code=1) from exc
+    typer.echo(json.dumps({**progress.__dict__, "status": progress.status.value}))
+
+
+@cli.command()
+def bundle(
+    job_id: str,
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
+) -> None:
+    """Print a finished job's bundle (broker mode)."""
+    from workers.deps import state_client
+
+    found = JobStore(state_client(get_settings())).bundle(job_id)
+    if found is None:
+        raise _fail(f"job {job_id} has no bundle (unknown, expired or still running)", code=1)
+    _print_bundle(found, format)
+
+
+@cli.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def worker(ctx: typer.Context) -> None:
+    """Start a worker: `celery -A workers.app worker` with the same options.
+
+    Defaults to the threads pool (the stages are I/O-bound and the embedded vector
+    store admits one process); pass --pool/-P to choose another.
+    """
+    settings = get_settings()
+    if settings.embedded:
+        raise _fail("set CELERY_BROKER_URL: a worker needs a broker to take jobs from")
+    from workers.app import app
+
+    args = list(ctx.args)
+    if not any(a.startswith(("--pool", "-P")) for a in args):
+        args += ["--pool", "threads"]
+    if not any(a.startswith(("--concurrency", "-c")) for a in args):
+        args += ["--concurrency", str(settings.worker_concurrency)]
+    app.worker_main(["worker", *args])
+
+
+@cli.command()
+def demo(
+    question: Annotated[str, typer.Argument()] = "how do lithium-ion batteries degrade?",
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.markdown,
+) -> None:
+    """Run a full job offline against the bundled demo web, and verify its citations."""
+    from webctx.demo.run import run_demo
+
+    raise typer.Exit(run_demo(question, fmt=format.value))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli()
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,323 @@
+"""Job state in Redis: the request, fan-out bookkeeping, pages, failures, the bundle.
+
+Tasks pass job and URL ids; everything they need to hand on lives here. Each fan-out
+step records completion in a set, so a redelivered task never counts twice, and the
+task whose completion fills the set starts the next stage (no chords: TRAPS 4).
+Every key of a job expires `ttl_s` after its last write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import redis
+
+from webctx.errors import JobNotFound
+from webctx.models import Bundle, Failure, JobRequest, JobStatus, Page, SearchResult
+
+Step = Literal["search", "fetch", "embed"]
+_PREFIX = "webctx"
+
+
+def url_id_for(url: str) -> str:
+    """A stable short id for a (normalised) URL."""
+    return hashlib.sha256(url.encode()).hexdigest()[:20]
+
+
+@dataclass
+class JobProgress:
+    """A snapshot of a job for progress displays and status endpoints."""
+
+    job_id: str
+    status: JobStatus
+    error: str | None = None
+    queries: int = 0
+    searched: int = 0
+    urls: int = 0
+    fetched: int = 0
+    failed: int = 0
+    embedded: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        """True once the job can change no more."""
+        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class JobStore:
+    """All job state, in one Redis database (a real server or fakeredis)."""
+
+    def __init__(self, client: redis.Redis, *, ttl_s: int = 7 * 24 * 3600) -> None:
+        self.r = client
+        self.ttl_s = ttl_s
+
+    # -- keys -------------------------------------------------------------------------------
+    def _k(self, job_id: str, part: str) -> str:
+        return f"{_PREFIX}:job:{job_id}:{part}"
+
+    def _page_key(self, content_sha256: str) -> str:
+        return f"{_PREFIX}:page:{content_sha256}"
+
+    def _expire(self, pipe: Any, *keys: str) -> None:
+        for key in keys:
+            pipe.expire(key, self.ttl_s)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def create(self, request: JobRequest, *, job_id: str | None = None) -> str:
+        """Record a new queued job and return its id."""
+        job_id = job_id or uuid.uuid4().hex
+        meta = self._k(job_id, "meta")
+        pipe = self.r.pipeline()
+        pipe.hset(
+            meta,
+            mapping={
+                "request": request.model_dump_json(),
+                "status": JobStatus.QUEUED.value,
+                "created_at": f"{time.time():.3f}",
+            },
+        )
+        self._expire(pipe, meta)
+        pipe.execute()
+        return job_id
+
+    def exists(self, job_id: str) -> bool:
+        """True if the job is known (and not expired)."""
+        return bool(self.r.exists(self._k(job_id, "meta")))
+
+    def request(self, job_id: str) -> JobRequest:
+        """The job's request, or JobNotFound."""
+        raw = self.r.hget(self._k(job_id, "meta"), "request")
+        if raw is None:
+            raise JobNotFound(job_id)
+        return JobRequest.model_validate_json(cast(str, raw))
+
+    def status(self, job_id: str) -> JobStatus:
+        """The job's lifecycle state, or JobNotFound."""
+        raw = self.r.hget(self._k(job_id, "meta"), "status")
+        if raw is None:
+            raise JobNotFound(job_id)
+        return JobStatus(cast(str, raw))
+
+    def set_status(self, job_id: str, status: JobStatus, *, error: str | None = None) -> None:
+        """Move the job to `status`; a finished job never moves again."""
+        meta = self._k(job_id, "meta")
+        current = self.r.hget(meta, "status")
+        if current in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
+            return
+        mapping = {"status": status.value}
+        if error:
+            mapping["error"] = error
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
+            mapping["finished_at"] = f"{time.time():.3f}"
+        self.r.hset(meta, mapping=mapping)
+
+    def is_active(self, job_id: str) -> bool:
+        """False once the job finished, was cancelled, or expired: tasks then do nothing."""
+        raw = self.r.hget(self._k(job_id, "meta"), "status")
+        return raw in (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+
+    # -- plan and search --------------------------------------------------------------------
+    def set_queries(self, job_id: str, queries: Sequence[str]) -> None:
+        """Record the planned search queries."""
+        self.r.hset(self._k(job_id, "meta"), "queries", json.dumps(list(queries)))
+
+    def queries(self, job_id: str) -> list[str]:
+        """The planned search queries (empty before planning)."""
+        raw = self.r.hget(self._k(job_id, "meta"), "queries")
+        return list(json.loads(cast(str, raw))) if raw else []
+
+    def save_search(self, job_id: str, query_idx: int, results: Sequence[SearchResult]) -> None:
+        """Store one query's results (idempotent: a rerun overwrites)."""
+        key = self._k(job_id, "search")
+        payload = json.dumps([r.model_dump() for r in results])
+        pipe = self.r.pipeline()
+        pipe.hset(key, str(query_idx), payload)
+        self._expire(pipe, key)
+        pipe.execute()
+
+    def search_results(self, job_id: str) -> list[list[SearchResult]]:
+        """Every stored query's results, in query order."""
+        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "search")))
+        return [
+            [SearchResult.model_validate(item) for item in json.loads(raw[idx])]
+            for idx in sorted(raw, key=int)
+        ]
+
+    # -- URLs and pages ---------------------------------------------------------------------
+    def set_urls(self, job_id: str, urls: Sequence[str]) -> dict[str, str]:
+        """Record the URLs chosen for fetching; returns url_id -> url."""
+        mapping = {url_id_for(u): u for u in urls}
+        key = self._k(job_id, "urls")
+        pipe = self.r.pipeline()
+        pipe.delete(key)
+        if mapping:
+            pipe.hset(key, mapping=mapping)
+        self._expire(pipe, key)
+        pipe.execute()
+        return mapping
+
+    def urls(self, job_id: str) -> dict[str, str]:
+        """url_id -> url of the job's chosen sources."""
+        return cast(dict[str, str], self.r.hgetall(self._k(job_id, "urls")))
+
+    def url(self, job_id: str, url_id: str) -> str:
+        """One chosen URL by id."""
+        raw = self.r.hget(self._k(job_id, "urls"), url_id)
+        if raw is None:
+            raise JobNotFound(job_id)
+        return cast(str, raw)
+
+    def save_page(self, job_id: str, url_id: str, page: Page) -> str:
+        """Store a page under its content hash and link it to the job; returns the hash."""
+        page_key = self._page_key(page.content_sha256)
+        link = self._k(job_id, "pages")
+        pipe = self.r.pipeline()
+        pipe.set(page_key, page.model_dump_json(), ex=self.ttl_s)
+        pipe.hset(link, url_id, page.content_sha256)
+        self._expire(pipe, link)
+        pipe.execute()
+        return page.content_sha256
+
+    def page(self, content_sha256: str) -> Page | None:
+        """A stored page by content hash."""
+        raw = self.r.get(self._page_key(content_sha256))
+        return Page.model_validate_json(cast(str, raw)) if raw else None
+
+    def page_for(self, job_id: str, url_id: str) -> Page | None:
+        """The page fetched for one of the job's URLs."""
+        sha = self.r.hget(self._k(job_id, "pages"), url_id)
+        return self.page(cast(str, sha)) if sha else None
+
+    def pages(self, job_id: str) -> dict[str, Page]:
+        """content_sha256 -> Page for every page of the job that is still embedded-ready."""
+        links = cast(dict[str, str], self.r.hgetall(self._k(job_id, "pages")))
+        failed = set(cast(list[str], self.r.hkeys(self._k(job_id, "failures"))))
+        out: dict[str, Page] = {}
+        for url_id, sha in links.items():
+            if url_id in failed:
+                continue
+            page = self.page(sha)
+            if page is not None:
+                out.setdefault(sha, page)
+        return out
+
+    # -- failures and counters --------------------------------------------------------------
+    def add_failure(self, job_id: str, key: str, failure: Failure) -> None:
+        """Record why a source (or query) failed; one record per key."""
+        name = self._k(job_id, "failures")
+        pipe = self.r.pipeline()
+        pipe.hset(name, key, failure.model_dump_json())
+        self._expire(pipe, name)
+        pipe.execute()
+
+    def failures(self, job_id: str) -> list[Failure]:
+        """Every recorded failure."""
+        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "failures")))
+        return [Failure.model_validate_json(v) for _, v in sorted(raw.items())]
+
+    def add_counts(self, job_id: str, **deltas: int) -> None:
+        """Increment named counters (requests, tokens, chunks...)."""
+        key = self._k(job_id, "counters")
+        pipe = self.r.pipeline()
+        for name, delta in deltas.items():
+            pipe.hincrby(key, name, delta)
+        self._expire(pipe, key)
+        pipe.execute()
+
+    def counters(self, job_id: str) -> dict[str, int]:
+        """All counters of the job."""
+        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "counters")))
+        return {k: int(v) for k, v in raw.items()}
+
+    # -- stage timing -----------------------------------------------------------------------
+    def mark_stage(self, job_id: str, stage: str, *, start: bool) -> None:
+        """Record the first start and the latest end of a stage."""
+        key = self._k(job_id, "times")
+        now = f"{time.time():.3f}"
+        if start:
+            self.r.hsetnx(key, f"{stage}:start", now)
+        else:
+            self.r.hset(key, f"{stage}:end", now)
+        self.r.expire(key, self.ttl_s)
+
+    def stage_seconds(self, job_id: str) -> dict[str, float]:
+        """Wall time of each stage, from its first start to its last end."""
+        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "times")))
+        out: dict[str, float] = {}
+        for key, value in raw.items():
+            stage, _, edge = key.partition(":")
+            if edge == "start" and f"{stage}:end" in raw:
+                out[stage] = round(float(raw[f"{stage}:end"]) - float(value), 3)
+        return out
+
+    def created_at(self, job_id: str) -> float:
+        """Submission time as a UNIX timestamp."""
+        raw = self.r.hget(self._k(job_id, "meta"), "created_at")
+        return float(cast(str, raw)) if raw else time.time()
+
+    # -- fan-out bookkeeping ----------------------------------------------------------------
+    def complete(self, job_id: str, step: Step, item: str, *, total: int) -> bool:
+        """Mark `item` of `step` done; True if the next stage should be started now.
+
+        True for the call whose mark filled the set, and again for a redelivered call
+        when the set is full but the next stage was never recorded as started (its first
+        starter died): starting twice is harmless because every task is idempotent.
+        """
+        done = self._k(job_id, f"done:{step}")
+        pipe = self.r.pipeline(transaction=True)
+        pipe.sadd(done, item)
+        pipe.scard(done)
+        pipe.hget(self._k(job_id, "meta"), f"next:{step}")
+        self._expire(pipe, done)
+        added, count, started = pipe.execute()[:3]
+        if count < total:
+            return False
+        return bool(added) or started is None
+
+    def mark_next_started(self, job_id: str, step: Step) -> None:
+        """Record that the stage after `step` was enqueued."""
+        self.r.hset(self._k(job_id, "meta"), f"next:{step}", "1")
+
+    def is_done(self, job_id: str, step: Step, item: str) -> bool:
+        """True if `item` of `step` has been completed already (a redelivered task)."""
+        return bool(self.r.sismember(self._k(job_id, f"done:{step}"), item))
+
+    def done_count(self, job_id: str, step: Step) -> int:
+        """How many items of `step` are complete."""
+        return int(cast(int, self.r.scard(self._k(job_id, f"done:{step}"))))
+
+    # -- bundle and progress ----------------------------------------------------------------
+    def save_bundle(self, job_id: str, bundle: Bundle) -> bool:
+        """Store the bundle once; False if one was stored already."""
+        key = self._k(job_id, "bundle")
+        return bool(self.r.set(key, bundle.model_dump_json(), nx=True, ex=self.ttl_s))
+
+    def bundle(self, job_id: str) -> Bundle | None:
+        """The job's bundle, once it has one."""
+        raw = self.r.get(self._k(job_id, "bundle"))
+        return Bundle.model_validate_json(cast(str, raw)) if raw else None
+
+    def progress(self, job_id: str) -> JobProgress:
+        """A consistent-enough snapshot for display."""
+        meta = cast(dict[str, str], self.r.hgetall(self._k(job_id, "meta")))
+        if not meta:
+            raise JobNotFound(job_id)
+        return JobProgress(
+            job_id=job_id,
+            status=JobStatus(meta["status"]),
+            error=meta.get("error"),
+            queries=len(json.loads(meta["queries"])) if "queries" in meta else 0,
+            searched=self.done_count(job_id, "search"),
+            urls=int(cast(int, self.r.hlen(self._k(job_id, "urls")))),
+            fetched=int(cast(int, self.r.hlen(self._k(job_id, "pages")))),
+            failed=int(cast(int, self.r.hlen(self._k(job_id, "failures")))),
+            embedded=self.done_count(job_id, "embed"),
+            counters=self.counters(job_id),
+        )

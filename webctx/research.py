@@ -1,0 +1,109 @@
+"""Compositions of stage functions that one task runs: index a page, answer a question."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from webctx.models import Bundle, BundleStats, Failure, Page, ScoredChunk
+from webctx.ports import Embedder, VectorStore
+from webctx.settings import ChunkSettings, EmbedSettings
+from webctx.stages.bundle import build_bundle
+from webctx.stages.chunk import chunk_page
+from webctx.stages.embed import embed_texts
+from webctx.stages.rank import rank_chunks
+from webctx.stages.store import make_points, store_chunks
+
+
+@dataclass
+class IndexOutcome:
+    """What indexing one page cost."""
+
+    chunks: int
+    requests: int
+    tokens: int
+
+
+def index_page(
+    page: Page,
+    *,
+    embedder: Embedder,
+    store: VectorStore,
+    chunking: ChunkSettings,
+    embedding: EmbedSettings,
+    sleep: Callable[[float], None] | None = None,
+) -> IndexOutcome:
+    """Chunk a page, embed its chunks and upsert them (idempotent by point id)."""
+    chunks = chunk_page(
+        page, max_tokens=chunking.max_tokens, overlap_tokens=chunking.overlap_tokens
+    )
+    if not chunks:
+        return IndexOutcome(chunks=0, requests=0, tokens=0)
+    kwargs = {} if sleep is None else {"sleep": sleep}
+    outcome = embed_texts(
+        [c.text for c in chunks],
+        embedder,
+        max_inputs=embedding.max_inputs_per_request,
+        max_tokens_per_request=embedding.max_tokens_per_request,
+        max_input_tokens=embedding.max_input_tokens,
+        max_attempts=embedding.max_attempts,
+        **kwargs,
+    )
+    points = make_points(chunks, outcome.vectors, url=page.final_url, model=embedder.model)
+    store_chunks(store, points)
+    return IndexOutcome(chunks=len(chunks), requests=outcome.requests, tokens=outcome.tokens)
+
+
+def candidate_limit(top_k: int, pages: int) -> int:
+    """How many nearest chunks to pull before de-duplication and packing."""
+    return max(top_k * 10, pages * 8, 100)
+
+
+def answer_question(
+    *,
+    job_id: str,
+    question: str,
+    queries: Sequence[str],
+    pages: Mapping[str, Page],
+    failures: Sequence[Failure],
+    stats: BundleStats,
+    embedder: Embedder,
+    store: VectorStore,
+    top_k: int,
+    token_budget: int,
+    embedding: EmbedSettings,
+) -> Bundle:
+    """Embed the question, retrieve the job's chunks, rank, pack and cite them."""
+    outcome = embed_texts(
+        [question],
+        embedder,
+        max_inputs=1,
+        max_tokens_per_request=embedding.max_tokens_per_request,
+        max_input_tokens=embedding.max_input_tokens,
+        max_attempts=embedding.max_attempts,
+    )
+    stats.embed_requests += outcome.requests
+    stats.tokens_embedded += outcome.tokens
+    found = store.search(
+        outcome.vectors[0],
+        limit=candidate_limit(top_k, len(pages)),
+        content_sha256s=list(pages),
+    )
+    # A point's stored url is whichever job wrote it last; cite this job's URL.
+    candidates = [
+        ScoredChunk(
+            chunk=c.chunk, url=pages[c.chunk.content_sha256].url, score=c.score, vector=c.vector
+        )
+        for c in found
+        if c.chunk.content_sha256 in pages
+    ]
+    ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget)
+    return build_bundle(
+        job_id=job_id,
+        question=question,
+        queries=queries,
+        pages=pages,
+        ranked=ranked,
+        failures=failures,
+        stats=stats,
+    )

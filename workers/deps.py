@@ -1,0 +1,154 @@
+"""Build the pipeline's collaborators from Settings, once per process."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import fakeredis
+import redis
+
+from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.errors import ConfigError
+from webctx.jobs import JobStore
+from webctx.ports import Embedder, Fetcher, SearchProvider, VectorStore
+from webctx.settings import Settings, get_settings
+
+
+@dataclass
+class Deps:
+    """Everything a task needs, built from one Settings.
+
+    The vector store opens on first use, so a worker that serves only the search and
+    fetch queues never opens it (the embedded engine allows one process per path).
+    """
+
+    settings: Settings
+    jobs: JobStore
+    search: SearchProvider
+    fetcher: Fetcher
+    embedder: Embedder
+    planner_model: str | None = None
+    _store: VectorStore | None = None
+    _store_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def store(self) -> VectorStore:
+        """The vector store, opened on first use."""
+        with self._store_lock:
+            if self._store is None:
+                self._store = build_store(self.settings)
+            return self._store
+
+
+_lock = threading.Lock()
+_deps: Deps | None = None
+_fake_server: fakeredis.FakeServer | None = None
+
+
+def state_client(settings: Settings) -> redis.Redis:
+    """The Redis client of the job store: the configured server, or an in-process one."""
+    url = settings.state_url()
+    if not url and not settings.embedded:
+        raise ConfigError(
+            "a broker other than Redis needs a Redis job store: set WEBCTX_REDIS_URL"
+        )
+    if url:
+        return redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=30, socket_connect_timeout=10,
+            health_check_interval=30, retry_on_timeout=True,
+        )
+    global _fake_server
+    if _fake_server is None:
+        _fake_server = fakeredis.FakeServer()
+    return fakeredis.FakeRedis(server=_fake_server, decode_responses=True)
+
+
+def build_search(settings: Settings) -> SearchProvider:
+    """The configured search provider."""
+    if settings.search_provider == "searxng":
+        if not settings.searxng_url:
+            raise ConfigError("WEBCTX_SEARCH_PROVIDER=searxng needs WEBCTX_SEARXNG_URL")
+        from webctx.adapters.searxng_search import SearxngSearch
+
+        return SearxngSearch(settings.searxng_url, timeout_s=settings.fetch.read_timeout_s)
+    from webctx.adapters.ddgs_search import DdgsSearch
+
+    return DdgsSearch()
+
+
+def build_fetcher(settings: Settings) -> Fetcher:
+    """The httpx fetcher under the configured address policy."""
+    from webctx.adapters.httpx_fetcher import HttpxFetcher
+    from webctx.netguard import AddressPolicy
+
+    policy = AddressPolicy(
+        allow_private=settings.allow_private_networks,
+        allowed_networks=settings.allowed_networks,
+    )
+    return HttpxFetcher(settings.fetch, policy=policy)
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    """The configured embedder; a clear error when none is configured."""
+    provider = settings.embedding_provider
+    if provider == "hash":
+        return HashEmbedder()
+    if provider == "auto" and not (settings.openai_base_url or settings.openai_api_key):
+        raise ConfigError(
+            "no embeddings provider: set OPENAI_BASE_URL (any OpenAI-compatible server) "
+            "and/or OPENAI_API_KEY, or WEBCTX_EMBEDDING_PROVIDER=hash for a lexical demo"
+        )
+    from webctx.adapters.openai_embedder import OpenAIEmbedder
+
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    return OpenAIEmbedder(
+        base_url=settings.openai_base_url,
+        api_key=key,
+        model=settings.embedding_model,
+        dimensions=settings.embedding_dimensions,
+        timeout_s=settings.embed.timeout_s,
+    )
+
+
+def build_store(settings: Settings) -> VectorStore:
+    """A Qdrant server by URL, else the embedded engine at WEBCTX_QDRANT_PATH."""
+    if settings.qdrant_url:
+        from qdrant_client import QdrantClient
+
+        from webctx.adapters.qdrant_store import QdrantVectorStore
+
+        key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
+        client = QdrantClient(url=settings.qdrant_url, api_key=key, timeout=30)
+        return QdrantVectorStore(client, collection=settings.qdrant_collection)
+    from webctx.adapters.edge_store import EdgeVectorStore
+
+    return EdgeVectorStore(settings.qdrant_path)
+
+
+def build_deps(settings: Settings) -> Deps:
+    """Every collaborator for `settings`."""
+    return Deps(
+        settings=settings,
+        jobs=JobStore(state_client(settings), ttl_s=settings.job_ttl_s),
+        search=build_search(settings),
+        fetcher=build_fetcher(settings),
+        embedder=build_embedder(settings),
+        planner_model=settings.planner_model,
+    )
+
+
+def worker_deps() -> Deps:
+    """The process-wide Deps, built on first use (thread-safe)."""
+    global _deps
+    with _lock:
+        if _deps is None:
+            _deps = build_deps(get_settings())
+        return _deps
+
+
+def set_deps(deps: Deps | None) -> None:
+    """Install (or clear) the process-wide Deps: the embedded runner shares its own."""
+    global _deps
+    with _lock:
+        _deps = deps

@@ -1,0 +1,250 @@
+"""Celery tasks: thin wrappers that load by id, call a stage, save, and hand on ids."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, NoReturn
+
+from celery import Task
+
+from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
+from webctx.models import BundleStats, Failure, JobStatus
+from webctx.research import answer_question, index_page
+from webctx.stages.bundle import build_bundle
+from webctx.stages.fetch import fetch_page
+from webctx.stages.plan import LLMPlanner, plan_queries
+from webctx.stages.search import search_query
+from workers import pipeline
+from workers.app import app
+from workers.deps import Deps, worker_deps
+
+logger = logging.getLogger(__name__)
+MAX_RETRIES = 5
+
+
+def _retry(task: Task[Any, Any], exc: TransientError) -> NoReturn:
+    """Retry later, after the provider's retry-after when it gave one (plus jitter)."""
+    base = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else 2.0
+    countdown = min(base * (2 ** task.request.retries if base == 2.0 else 1), 60.0)
+    raise task.retry(exc=exc, countdown=countdown + random.uniform(0, 0.5 * countdown))
+
+
+def _can_retry(task: Task[Any, Any]) -> bool:
+    return bool(task.request.retries < MAX_RETRIES)
+
+
+@app.task(name="webctx.plan", bind=True, acks_late=True)
+def plan(self: Task[Any, Any], job_id: str) -> str:
+    """Turn the question into search queries and fan out one search per query."""
+    deps = worker_deps()
+    jobs = deps.jobs
+    if not jobs.is_active(job_id):
+        return job_id
+    jobs.set_status(job_id, JobStatus.RUNNING)
+    jobs.mark_stage(job_id, "plan", start=True)
+    queries = jobs.queries(job_id)
+    if not queries:
+        request = jobs.request(job_id)
+        queries = _plan(deps, request.question, request.max_queries)
+        jobs.set_queries(job_id, queries)
+    jobs.mark_stage(job_id, "plan", start=False)
+    logger.info("job planned", extra={"job_id": job_id, "queries": len(queries)})
+    pipeline.start_searches(job_id, len(queries))
+    return job_id
+
+
+def _plan(deps: Deps, question: str, max_queries: int) -> list[str]:
+    if deps.planner_model:
+        from openai import OpenAI
+
+        settings = deps.settings
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "none"
+        client = OpenAI(base_url=settings.openai_base_url, api_key=key, max_retries=1)
+        return LLMPlanner(client, deps.planner_model).plan(question, max_queries)
+    return plan_queries(question, max_queries=max_queries)
+
+
+@app.task(name="webctx.search", bind=True, acks_late=True)
+def search(self: Task[Any, Any], job_id: str, query_idx: int) -> str:
+    """Run one query; the search that completes the set starts the fetches."""
+    deps = worker_deps()
+    jobs = deps.jobs
+    if not jobs.is_active(job_id):
+        return job_id
+    queries = jobs.queries(job_id)
+    if not jobs.is_done(job_id, "search", str(query_idx)):
+        jobs.mark_stage(job_id, "search", start=True)
+        query = queries[query_idx]
+        try:
+            results = search_query(
+                deps.search, query, limit=deps.settings.search_results_per_query
+            )
+        except TransientError as exc:
+            if _can_retry(self):
+                _retry(self, exc)
+            results = []
+            _fail(deps, job_id, f"q:{query_idx}", f"query:{query}", "search", exc)
+        except WebctxError as exc:
+            results = []
+            _fail(deps, job_id, f"q:{query_idx}", f"query:{query}", "search", exc)
+        jobs.save_search(job_id, query_idx, results)
+        jobs.mark_stage(job_id, "search", start=False)
+    if jobs.complete(job_id, "search", str(query_idx), total=len(queries)):
+        pipeline.start_fetches(jobs, job_id)
+    return job_id
+
+
+@app.task(name="webctx.fetch", bind=True, acks_late=True)
+def fetch(self: Task[Any, Any], job_id: str, url_id: str) -> str:
+    """Download and extract one page; hand it to the embed queue, or record the failure."""
+    deps = worker_deps()
+    jobs = deps.jobs
+    if not jobs.is_active(job_id):
+        return url_id
+    url = jobs.url(job_id, url_id)
+    page = jobs.page_for(job_id, url_id)
+    if page is None and not jobs.is_done(job_id, "fetch", url_id):
+        jobs.mark_stage(job_id, "fetch", start=True)
+        try:
+            page = fetch_page(
+                url, deps.fetcher, extract_timeout_s=deps.settings.fetch.extract_timeout_s
+            )
+            jobs.save_page(job_id, url_id, page)
+        except FetchError as exc:
+            stage = "extract" if exc.reason == "extraction" else "fetch"
+            _fail(deps, job_id, url_id, url, stage, exc)
+        jobs.mark_stage(job_id, "fetch", start=False)
+    jobs.complete(job_id, "fetch", url_id, total=len(jobs.urls(job_id)))
+    if page is not None:
+        pipeline.start_embed(job_id, url_id)
+    else:
+        _settle(deps, job_id, url_id)
+    return url_id
+
+
+@app.task(name="webctx.embed", bind=True, acks_late=True)
+def embed(self: Task[Any, Any], job_id: str, url_id: str) -> str:
+    """Chunk, embed and store one page; the last settled page starts ranking."""
+    deps = worker_deps()
+    jobs = deps.jobs
+    if not jobs.is_active(job_id):
+        return url_id
+    page = jobs.page_for(job_id, url_id)
+    if page is not None and not jobs.is_done(job_id, "embed", url_id):
+        jobs.mark_stage(job_id, "embed", start=True)
+        try:
+            outcome = index_page(
+                page,
+                embedder=deps.embedder,
+                store=deps.store,
+                chunking=deps.settings.chunk,
+                embedding=deps.settings.embed,
+            )
+            jobs.add_counts(
+                job_id,
+                chunks=outcome.chunks,
+                embed_requests=outcome.requests,
+                tokens_embedded=outcome.tokens,
+            )
+        except TransientError as exc:
+            if _can_retry(self):
+                _retry(self, exc)
+            _fail(deps, job_id, url_id, page.url, "embed", exc)
+        except WebctxError as exc:
+            _fail(deps, job_id, url_id, page.url, "embed", exc)
+        jobs.mark_stage(job_id, "embed", start=False)
+    _settle(deps, job_id, url_id)
+    return url_id
+
+
+@app.task(name="webctx.rank", bind=True, acks_late=True)
+def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
+    """Rank the job's chunks into a cited bundle; `force` is the deadline watchdog."""
+    deps = worker_deps()
+    jobs = deps.jobs
+    if not jobs.is_active(job_id) or jobs.bundle(job_id) is not None:
+        return job_id
+    if force:
+        logger.warning("job deadline reached", extra={"job_id": job_id})
+    jobs.mark_stage(job_id, "rank", start=True)
+    request = jobs.request(job_id)
+    pages = jobs.pages(job_id)
+    failures = jobs.failures(job_id)
+    stats = _stats(deps, job_id, pages_count=len(pages))
+    queries = jobs.queries(job_id)
+    if not pages:
+        _finish_failed(deps, job_id, request.question, queries, failures, stats, force=force)
+        return job_id
+    try:
+        bundle = answer_question(
+            job_id=job_id, question=request.question, queries=queries, pages=pages,
+            failures=failures, stats=stats, embedder=deps.embedder, store=deps.store,
+            top_k=request.top_k, token_budget=request.token_budget,
+            embedding=deps.settings.embed,
+        )
+    except TransientError as exc:
+        if _can_retry(self):
+            _retry(self, exc)
+        jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc}")
+        return job_id
+    jobs.mark_stage(job_id, "rank", start=False)
+    bundle.stats.stage_s = jobs.stage_seconds(job_id)
+    bundle.stats.elapsed_s = round(time.time() - jobs.created_at(job_id), 3)
+    if jobs.save_bundle(job_id, bundle):
+        jobs.set_status(job_id, JobStatus.SUCCEEDED)
+        logger.info("job succeeded", extra={"job_id": job_id, "chunks": len(bundle.chunks)})
+    return job_id
+
+
+def _settle(deps: Deps, job_id: str, url_id: str) -> None:
+    jobs = deps.jobs
+    if jobs.complete(job_id, "embed", url_id, total=len(jobs.urls(job_id))):
+        pipeline.start_rank(jobs, job_id)
+
+
+def _fail(deps: Deps, job_id: str, key: str, url: str, stage: str, exc: Exception) -> None:
+    reason = getattr(exc, "reason", type(exc).__name__)
+    failure = Failure(url=url, stage=stage, error=str(exc) or type(exc).__name__, reason=reason)  # type: ignore[arg-type]
+    deps.jobs.add_failure(job_id, key, failure)
+    logger.info("source failed", extra={"job_id": job_id, "url": url, "stage": stage})
+
+
+def _stats(deps: Deps, job_id: str, *, pages_count: int) -> BundleStats:
+    counters = deps.jobs.counters(job_id)
+    failures = deps.jobs.failures(job_id)
+    return BundleStats(
+        queries=len(deps.jobs.queries(job_id)),
+        results=counters.get("results", 0),
+        fetched=pages_count,
+        failed=len(failures),
+        chunks=counters.get("chunks", 0),
+        embed_requests=counters.get("embed_requests", 0),
+        tokens_embedded=counters.get("tokens_embedded", 0),
+    )
+
+
+def _finish_failed(
+    deps: Deps,
+    job_id: str,
+    question: str,
+    queries: list[str],
+    failures: list[Failure],
+    stats: BundleStats,
+    *,
+    force: bool,
+) -> None:
+    jobs = deps.jobs
+    bundle = build_bundle(
+        job_id=job_id, question=question, queries=queries, pages={}, ranked=[],
+        failures=failures, stats=stats,
+    )
+    jobs.save_bundle(job_id, bundle)
+    if force and not failures:
+        error = "deadline reached before any source was fetched"
+    else:
+        error = f"all {len(failures)} sources failed: " + "; ".join(
+            f"{f.url} ({f.stage}: {f.error})" for f in failures[:5]
+        )
+    jobs.set_status(job_id, JobStatus.FAILED, error=error)
