@@ -1,0 +1,1 @@
+"""Offline demo: a small bundled web served on loopback."""
