@@ -1,0 +1,140 @@
+"""rank_chunks: budget, duplicates, overlap windows, per-source cap, top_k."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.factories import make_page, make_scored, one_hot
+from webctx.models import ScoredChunk
+from webctx.stages.rank import cosine, rank_chunks
+
+
+def _texts(scored: list[ScoredChunk]) -> list[str]:
+    return [s.chunk.text for s in scored]
+
+
+def _random_candidates(rng: random.Random) -> list[ScoredChunk]:
+    urls = [f"https://site{i}.example/page" for i in range(5)]
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    candidates: list[ScoredChunk] = []
+    for n in range(rng.randint(0, 40)):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) + f" {n}."
+        if rng.random() < 0.2 and candidates:
+            text = rng.choice(candidates).chunk.text  # the same passage on another site
+        vector = [rng.gauss(0, 1) for _ in range(8)]
+        candidates.append(
+            make_scored(
+                text,
+                url=rng.choice(urls),
+                score=rng.uniform(-1, 1),
+                tokens=rng.randint(1, 300),
+                vector=vector,
+            )
+        )
+    return candidates
+
+
+def test_packed_tokens_never_exceed_budget_on_random_inputs() -> None:
+    rng = random.Random(1234)
+    for _ in range(500):
+        candidates = _random_candidates(rng)
+        budget, top_k = rng.randint(0, 1200), rng.randint(0, 15)
+        cap = rng.randint(1, 4)
+        ranked = rank_chunks(candidates, top_k=top_k, token_budget=budget, per_source_cap=cap)
+        assert sum(s.chunk.tokens for s in ranked) <= budget
+        assert len(ranked) <= top_k
+        assert [s.score for s in ranked] == sorted((s.score for s in ranked), reverse=True)
+        assert len(set(_texts(ranked))) == len(ranked)
+        assert all(any(s is c for c in candidates) for s in ranked)
+
+
+def test_chunk_that_does_not_fit_is_skipped_for_a_smaller_one() -> None:
+    candidates = [
+        make_scored("first", score=0.9, tokens=60, url="https://a.example", vector=one_hot(0)),
+        make_scored("second", score=0.8, tokens=50, url="https://b.example", vector=one_hot(1)),
+        make_scored("third", score=0.7, tokens=40, url="https://c.example", vector=one_hot(2)),
+    ]
+    ranked = rank_chunks(candidates, top_k=10, token_budget=100)
+    assert _texts(ranked) == ["first", "third"]
+
+
+def test_same_text_on_several_sites_counts_once() -> None:
+    text = "Redis keeps the queue in memory."
+    candidates = [
+        make_scored(text, score=0.9, url="https://a.example", vector=one_hot(0)),
+        make_scored(f"  {text.upper()}\n", score=0.8, url="https://b.example", vector=one_hot(1)),
+        make_scored("Something else.", score=0.7, url="https://c.example", vector=one_hot(2)),
+    ]
+    ranked = rank_chunks(candidates, top_k=10, token_budget=1000)
+    assert [s.url for s in ranked] == ["https://a.example", "https://c.example"]
+
+
+def test_near_identical_vector_counts_as_duplicate() -> None:
+    almost = [1.0, 0.01] + [0.0] * 62
+    candidates = [
+        make_scored("Wording one.", score=0.9, url="https://a.example", vector=one_hot(0)),
+        make_scored("Wording two.", score=0.8, url="https://b.example", vector=almost),
+        make_scored("Other topic.", score=0.7, url="https://c.example", vector=one_hot(1)),
+    ]
+    ranked = rank_chunks(candidates, top_k=10, token_budget=1000, dedup_threshold=0.95)
+    assert _texts(ranked) == ["Wording one.", "Other topic."]
+
+
+def test_overlapping_windows_of_one_page_are_dropped() -> None:
+    page = make_page(text="".join(f"Sentence number {i}. " for i in range(30)))
+    best = make_scored(page=page, start=100, end=200, score=0.9, vector=one_hot(0))
+    overlapping = make_scored(page=page, start=60, end=160, score=0.8, vector=one_hot(1))
+    adjacent = make_scored(page=page, start=0, end=100, score=0.7, vector=one_hot(2))
+    ranked = rank_chunks([adjacent, overlapping, best], top_k=10, token_budget=1000)
+    assert [(s.chunk.start, s.chunk.end) for s in ranked] == [(100, 200), (0, 100)]
+
+
+def test_same_offsets_on_different_pages_do_not_overlap() -> None:
+    first = make_scored("Shared words here.", url="https://a.example", vector=one_hot(0))
+    second = make_scored("Other words there.", url="https://b.example", vector=one_hot(1))
+    assert len(rank_chunks([first, second], top_k=10, token_budget=1000)) == 2
+
+
+def test_per_source_cap_limits_chunks_from_one_url() -> None:
+    candidates = [
+        make_scored(f"A{i}", score=0.9 - i / 100, url="https://a.example", vector=one_hot(i))
+        for i in range(5)
+    ] + [
+        make_scored(f"B{i}", score=0.5 - i / 100, url="https://b.example", vector=one_hot(10 + i))
+        for i in range(2)
+    ]
+    ranked = rank_chunks(candidates, top_k=4, token_budget=1000, per_source_cap=2)
+    assert _texts(ranked) == ["A0", "A1", "B0", "B1"]
+
+
+def test_per_source_cap_is_relaxed_when_nothing_else_is_left() -> None:
+    candidates = [
+        make_scored(f"A{i}", score=0.9 - i / 100, url="https://a.example", vector=one_hot(i))
+        for i in range(5)
+    ] + [make_scored("B0", score=0.1, url="https://b.example", vector=one_hot(10))]
+    ranked = rank_chunks(candidates, top_k=4, token_budget=1000, per_source_cap=2)
+    assert _texts(ranked) == ["A0", "A1", "A2", "B0"]
+
+
+def test_top_k_limits_the_selection_to_the_best() -> None:
+    candidates = [
+        make_scored(f"T{i}", score=i / 10, url=f"https://{i}.example", vector=one_hot(i))
+        for i in range(8)
+    ]
+    ranked = rank_chunks(candidates, top_k=3, token_budget=1000)
+    assert _texts(ranked) == ["T7", "T6", "T5"]
+
+
+@pytest.mark.parametrize(("top_k", "budget"), [(0, 1000), (5, 0), (-1, -1)])
+def test_no_room_selects_nothing(top_k: int, budget: int) -> None:
+    assert rank_chunks([make_scored()], top_k=top_k, token_budget=budget) == []
+
+
+def test_cosine_of_simple_vectors() -> None:
+    assert cosine([1.0, 0.0], [2.0, 0.0]) == pytest.approx(1.0)
+    assert cosine([1.0, 0.0], [0.0, 3.0]) == pytest.approx(0.0)
+    assert cosine([1.0, 1.0], [-1.0, -1.0]) == pytest.approx(-1.0)
+    assert cosine([0.0, 0.0], [1.0, 0.0]) == 0.0
+    assert cosine([1.0], [1.0, 0.0]) == 0.0

@@ -1,0 +1,132 @@
+"""Assemble ranked chunks into a cited bundle, render it as Markdown, and check its offsets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from webctx.models import (
+    Bundle,
+    BundleChunk,
+    BundleSource,
+    BundleStats,
+    Failure,
+    Page,
+    ScoredChunk,
+)
+
+_MAX_FAILURES_SHOWN = 10
+
+
+def build_bundle(
+    *,
+    job_id: str,
+    question: str,
+    queries: Sequence[str],
+    pages: Mapping[str, Page],
+    ranked: Sequence[ScoredChunk],
+    failures: Sequence[Failure],
+    stats: BundleStats,
+) -> Bundle:
+    """Number sources by first appearance among the score-ordered chunks and cite them."""
+    failures = list(failures)
+    sources: dict[str, BundleSource] = {}
+    chunks: list[BundleChunk] = []
+    # Stable sort: equal scores keep the ranker's order.
+    for scored in sorted(ranked, key=lambda c: -c.score):
+        page = pages.get(scored.chunk.content_sha256)
+        if page is None:
+            # A chunk we cannot cite must not be quoted; record it rather than fail the job.
+            failures.append(
+                Failure(url=scored.url, stage="rank", error="page missing", reason="missing_page")
+            )
+            continue
+        source = sources.get(page.content_sha256) or _source(len(sources) + 1, page)
+        sources[page.content_sha256] = source
+        chunks.append(_bundle_chunk(source.id, scored))
+    bundle_tokens = sum(c.tokens for c in chunks)
+    return Bundle(
+        job_id=job_id,
+        question=question,
+        queries=list(queries),
+        sources=list(sources.values()),
+        chunks=chunks,
+        failures=failures,
+        stats=stats.model_copy(update={"bundle_tokens": bundle_tokens}),
+    )
+
+
+def _source(number: int, page: Page) -> BundleSource:
+    return BundleSource(
+        id=number,
+        url=page.url,
+        final_url=page.final_url,
+        title=page.title,
+        site=page.site,
+        published=page.published,
+        fetched_at=page.fetched_at,
+        content_sha256=page.content_sha256,
+    )
+
+
+def _bundle_chunk(source: int, scored: ScoredChunk) -> BundleChunk:
+    chunk = scored.chunk
+    return BundleChunk(
+        source=source,
+        text=chunk.text,
+        start=chunk.start,
+        end=chunk.end,
+        tokens=chunk.tokens,
+        score=scored.score,
+    )
+
+
+def render_markdown(bundle: Bundle) -> str:
+    """The bundle as Markdown: quoted chunks with [n] markers, then sources and failures."""
+    lines = [f"# {_one_line(bundle.question)}", ""]
+    for chunk in bundle.chunks:
+        lines.append(f"**[{chunk.source}]** · score {chunk.score:.3f}")
+        lines.extend(f"> {line}".rstrip() for line in chunk.text.splitlines())
+        lines.append("")
+    lines += ["## Sources", ""]
+    lines.extend(_source_line(source) for source in bundle.sources)
+    if bundle.failures:
+        lines += ["", f"## Not included ({len(bundle.failures)})", ""]
+        lines.extend(
+            f"- {f.url} — {f.stage}: {f.reason}" for f in bundle.failures[:_MAX_FAILURES_SHOWN]
+        )
+        if len(bundle.failures) > _MAX_FAILURES_SHOWN:
+            lines.append(f"- … and {len(bundle.failures) - _MAX_FAILURES_SHOWN} more")
+    return "\n".join(lines) + "\n"
+
+
+def _source_line(source: BundleSource) -> str:
+    title = _one_line(source.title) or source.site or source.url
+    when = (
+        f"published {source.published}"
+        if source.published
+        else f"fetched {source.fetched_at.date().isoformat()}"
+    )
+    return f"- [{source.id}] {title} — {source.url} ({when})"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def validate_offsets(bundle: Bundle, pages: Mapping[str, Page]) -> list[str]:
+    """Every way a bundle chunk breaks `text == page.text[start:end]`; empty when none do."""
+    by_id = {source.id: source for source in bundle.sources}
+    problems: list[str] = []
+    for n, chunk in enumerate(bundle.chunks):
+        source = by_id.get(chunk.source)
+        if source is None:
+            problems.append(f"chunk {n}: cites unknown source [{chunk.source}]")
+            continue
+        page = pages.get(source.content_sha256)
+        if page is None:
+            problems.append(f"chunk {n}: page of source [{chunk.source}] is missing")
+        elif not 0 <= chunk.start <= chunk.end <= len(page.text):
+            problems.append(f"chunk {n}: offsets {chunk.start}:{chunk.end} out of range")
+        elif page.text[chunk.start : chunk.end] != chunk.text:
+            problems.append(f"chunk {n}: text differs from page text at {chunk.start}:{chunk.end}")
+    return problems

@@ -1,0 +1,131 @@
+"""Select the chunks of a bundle: best first, de-duplicated, diverse, within a token budget.
+
+Selection is one greedy loop over candidates in score order. A candidate is refused when it
+repeats a selected chunk (same normalised text, or near-identical vector: the same text on
+several sites counts once), overlaps a selected chunk of the same page (overlap windows), or
+would push the token sum past the budget. Sources over `per_source_cap` are deferred and
+considered again only once every other candidate has been tried. MMR can later replace
+`_by_score` with an order that also penalises similarity to the selected set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from webctx.models import ScoredChunk
+
+_Vector = npt.NDArray[np.float64]
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """Cosine similarity of two vectors; 0.0 when either is zero or their sizes differ."""
+    va, vb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if va.shape != vb.shape or va.size == 0:
+        return 0.0
+    norms = float(np.linalg.norm(va) * np.linalg.norm(vb))
+    return float(va @ vb) / norms if norms > 0.0 else 0.0
+
+
+def rank_chunks(
+    candidates: Sequence[ScoredChunk],
+    *,
+    top_k: int,
+    token_budget: int,
+    per_source_cap: int = 3,
+    dedup_threshold: float = 0.95,
+) -> list[ScoredChunk]:
+    """Best distinct chunks by score, at most `top_k`, whose tokens sum within `token_budget`."""
+    if per_source_cap < 1:
+        raise ValueError("per_source_cap must be at least 1")
+    picker = _Picker(top_k=top_k, token_budget=token_budget, dedup_threshold=dedup_threshold)
+    per_source: Counter[str] = Counter()
+    deferred: list[ScoredChunk] = []
+    for candidate in _by_score(candidates):
+        if picker.full():
+            break
+        if per_source[candidate.url] >= per_source_cap:
+            deferred.append(candidate)
+        elif picker.offer(candidate):
+            per_source[candidate.url] += 1
+    # Relax the cap only now: one source's extra chunks beat an emptier bundle.
+    for candidate in deferred:
+        if picker.full():
+            break
+        picker.offer(candidate)
+    return _by_score(picker.selected)
+
+
+def _by_score(chunks: Sequence[ScoredChunk]) -> list[ScoredChunk]:
+    """Best first; ties broken by page and position so the order is deterministic."""
+
+    def key(c: ScoredChunk) -> tuple[float, str, int]:
+        score = -math.inf if math.isnan(c.score) else c.score
+        return (-score, c.chunk.content_sha256, c.chunk.start)
+
+    return sorted(chunks, key=key)
+
+
+def _normalise(text: str) -> str:
+    """Case- and whitespace-insensitive form of a chunk's text for exact-duplicate checks."""
+    return " ".join(text.casefold().split())
+
+
+class _Picker:
+    """The selected set and the rules a newcomer must pass to join it."""
+
+    def __init__(self, *, top_k: int, token_budget: int, dedup_threshold: float) -> None:
+        self.top_k = top_k
+        self.budget_left = token_budget
+        self.dedup_threshold = dedup_threshold
+        self.selected: list[ScoredChunk] = []
+        self._texts: set[str] = set()
+        self._spans: dict[str, list[tuple[int, int]]] = {}
+        self._unit_vectors: list[_Vector] = []
+
+    def full(self) -> bool:
+        """True when no further chunk can be taken."""
+        return len(self.selected) >= self.top_k or self.budget_left <= 0
+
+    def offer(self, candidate: ScoredChunk) -> bool:
+        """Take `candidate` if it fits and repeats nothing selected; report whether it was."""
+        chunk = candidate.chunk
+        text = _normalise(chunk.text)
+        unit = _unit(candidate.vector)
+        if (
+            self.full()
+            or chunk.tokens > self.budget_left
+            or text in self._texts
+            or self._overlaps(chunk.content_sha256, chunk.start, chunk.end)
+            or self._near_duplicate(unit)
+        ):
+            return False
+        self.selected.append(candidate)
+        self.budget_left -= chunk.tokens
+        self._texts.add(text)
+        self._spans.setdefault(chunk.content_sha256, []).append((chunk.start, chunk.end))
+        if unit is not None:
+            self._unit_vectors.append(unit)
+        return True
+
+    def _overlaps(self, page: str, start: int, end: int) -> bool:
+        return any(start < e and s < end for s, e in self._spans.get(page, ()))
+
+    def _near_duplicate(self, unit: _Vector | None) -> bool:
+        if unit is None:
+            return False
+        return any(
+            v.shape == unit.shape and float(v @ unit) >= self.dedup_threshold
+            for v in self._unit_vectors
+        )
+
+
+def _unit(vector: Sequence[float]) -> _Vector | None:
+    """`vector` scaled to length 1, or None when it is empty or zero."""
+    v = np.asarray(vector, dtype=np.float64)
+    norm = float(np.linalg.norm(v)) if v.size else 0.0
+    return v / norm if norm > 0.0 else None
