@@ -38,7 +38,10 @@ class LoopbackServer:
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"srv-{self.port}"
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            daemon=True,
+            name=f"srv-{self.port}",
         )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
