@@ -1,0 +1,126 @@
+"""SearchProvider on a SearxNG instance's JSON API (`search.formats` must include json)."""
+
+from __future__ import annotations
+
+import time
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
+from webctx.models import SearchResult
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a `retry-after` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+class SearxngSearch:
+    """Queries `GET {base_url}/search?format=json`, paging until `limit` results."""
+
+    name = "searxng"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        client: httpx.Client | None = None,
+        timeout_s: float = 10.0,
+        max_pages: int = 3,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_pages = max_pages
+        self._owns_client = client is None
+        self._client = client or httpx.Client(timeout=timeout_s, follow_redirects=True)
+        self._timeout_s = timeout_s
+
+    def search(self, query: str, *, limit: int) -> list[SearchResult]:
+        """Up to `limit` results, best first; SearxNG's page size is fixed, so page on."""
+        results: list[SearchResult] = []
+        seen: set[str] = set()
+        for pageno in range(1, self.max_pages + 1):
+            items = self._page(query, pageno)
+            fresh = [item for item in items if item["url"] not in seen]
+            for item in fresh:
+                seen.add(item["url"])
+                results.append(_to_result(item, rank=len(results), query=query))
+            if len(results) >= limit or not fresh:
+                break
+        return results[:limit]
+
+    def close(self) -> None:
+        """Close the HTTP client if this adapter created it."""
+        if self._owns_client:
+            self._client.close()
+
+    def _page(self, query: str, pageno: int) -> list[dict[str, str]]:
+        """The usable results of one page; raises the webctx error tree."""
+        params = {"q": query, "format": "json", "pageno": str(pageno)}
+        try:
+            resp = self._client.get(
+                f"{self.base_url}/search", params=params, timeout=self._timeout_s
+            )
+        except httpx.UnsupportedProtocol as exc:
+            raise ProviderError(self.name, f"bad base URL: {exc}") from exc
+        except httpx.TransportError as exc:  # connect, read, timeouts, protocol errors
+            raise ProviderUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        _raise_for_status(self.name, resp)
+        try:
+            body = resp.json()
+        except ValueError as exc:
+            raise ProviderError(self.name, "response is not JSON") from exc
+        if not isinstance(body, dict) or not isinstance(body.get("results"), list):
+            raise ProviderError(self.name, "response has no results list")
+        return [item for raw in body["results"] if (item := _item(raw)) is not None]
+
+
+def _raise_for_status(provider: str, resp: httpx.Response) -> None:
+    """Map a non-2xx answer onto RateLimited, ProviderUnavailable or ProviderError."""
+    status = resp.status_code
+    if status < 300:
+        return
+    if status == 429:
+        raise RateLimited(
+            f"{provider}: 429", retry_after=parse_retry_after(resp.headers.get("retry-after"))
+        )
+    if status >= 500:
+        raise ProviderUnavailable(f"{provider}: HTTP {status}")
+    hint = " (is json in the instance's search.formats?)" if status == 403 else ""
+    raise ProviderError(provider, f"HTTP {status}{hint}")
+
+
+def _item(raw: object) -> dict[str, str] | None:
+    """A result's url/title/content as strings, or None when it has no http(s) URL."""
+    if not isinstance(raw, dict):
+        return None
+    url = raw.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return None
+    title, content = raw.get("title"), raw.get("content")
+    return {
+        "url": url,
+        "title": title if isinstance(title, str) else "",
+        "content": content if isinstance(content, str) else "",
+    }
+
+
+def _to_result(item: dict[str, str], *, rank: int, query: str) -> SearchResult:
+    return SearchResult(
+        url=item["url"],
+        title=item["title"],
+        snippet=item["content"],
+        rank=rank,
+        query=query,
+        provider=SearxngSearch.name,
+    )
