@@ -1,0 +1,174 @@
+"""Turn a question into search queries: rule-based by default, an LLM when configured."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import openai
+
+logger = logging.getLogger(__name__)
+
+_QUOTED = re.compile(r"[\"“”]([^\"“”]{2,})[\"“”]")
+# Keeps "C++", "Node.js", "GPT-4", "3.12", "I/O", "O'Reilly" whole; trailing punctuation is dropped.
+_TOKEN = re.compile(r"[\w][\w.+#'’/-]*[\w+#]|[\w]", re.UNICODE)
+_QUESTION_WORDS = frozenset(
+    "what whats which who whom whose when where why how is are was were does do did can could "
+    "should would will shall may might must explain describe tell show give list compare "
+    "please know".split()
+)
+_STOPWORDS = _QUESTION_WORDS | frozenset(
+    "a an the and or but if then than so of in on at to for from by with about into over under "
+    "between through during before after above below up down out off again further once here "
+    "there all any both each few more most other some such no nor not only own same too very "
+    "just also i me my we our you your he him his she her it its they them their this that "
+    "these those am be been being have has had having there's it's i'm there best way ways "
+    "difference differences vs versus use used using get make work works".split()
+)
+_MAX_QUERY_CHARS = 200
+_LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
+
+
+def _dedupe(queries: list[str], max_queries: int) -> list[str]:
+    """Drop empty and case-insensitive duplicate queries, keep order, cap the count."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for query in queries:
+        query = " ".join(query.split())[:_MAX_QUERY_CHARS]
+        if query and query.casefold() not in seen:
+            seen.add(query.casefold())
+            out.append(query)
+    return out[:max_queries]
+
+
+def _is_entity(token: str, sentence_start: bool) -> bool:
+    """Proper-noun-like: capitalised mid-sentence, an acronym/CamelCase, or letters+digits."""
+    inner_upper = any(c.isupper() for c in token[1:])
+    has_digit = any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+    capitalised = token[0].isupper() and not sentence_start
+    return (capitalised or inner_upper or has_digit) and token.casefold() not in _STOPWORDS
+
+
+def _entities(text: str) -> list[str]:
+    """Runs of adjacent entity-like tokens ("Large Hadron Collider", "Redis", "GPT-4")."""
+    tokens: list[tuple[str, bool, bool]] = []  # (token, is_entity, adjacent to previous)
+    prev_end = 0
+    for match in _TOKEN.finditer(text):
+        gap = text[prev_end : match.start()]
+        sentence_start = prev_end == 0 or gap.strip() in (".", "?", "!", ":")
+        tokens.append((match.group(), _is_entity(match.group(), sentence_start), gap.isspace()))
+        prev_end = match.end()
+    entities: list[str] = []
+    run: list[str] = []
+    for i, (token, is_entity, adjacent) in enumerate(tokens):
+        # A capitalised first word belongs to an entity that continues ("New York").
+        leads = (
+            token[0].isupper()
+            and token.casefold() not in _STOPWORDS
+            and i + 1 < len(tokens)
+            and tokens[i + 1][1]
+            and tokens[i + 1][2]
+        )
+        if run and not ((is_entity or leads) and adjacent):
+            entities.append(" ".join(run))
+            run = []
+        if is_entity or leads:
+            run.append(token)
+    return entities + ([" ".join(run)] if run else [])
+
+
+def _keywords(text: str) -> list[str]:
+    """Content words in order, stopwords and question words removed, de-duplicated."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for token in _TOKEN.findall(text):
+        key = token.casefold()
+        if key not in _STOPWORDS and key not in seen:
+            seen.add(key)
+            out.append(token)
+    return out
+
+
+def _quote(phrase: str) -> str:
+    return f'"{phrase}"' if " " in phrase else phrase
+
+
+def plan_queries(question: str, *, max_queries: int) -> list[str]:
+    """The question itself, then keyword and entity variants; 1..max_queries, no duplicates."""
+    question = " ".join(question.split())
+    phrases = _QUOTED.findall(question)
+    rest = _QUOTED.sub(" ", question)
+    keywords = _keywords(rest)
+    entities = [e for e in _entities(rest) if e.casefold() not in map(str.casefold, phrases)]
+    entity_words = {w.casefold() for e in entities for w in e.split()}
+    others = [k for k in keywords if k.casefold() not in entity_words]
+    candidates = [
+        question,
+        " ".join([_quote(p) for p in phrases] + keywords),
+        " ".join([_quote(p) for p in phrases] + [_quote(e) for e in entities] + others[:2])
+        if entities or phrases
+        else "",
+        " ".join(phrases + keywords) if phrases else "",  # the same words, unquoted: broader
+    ]
+    if len(entities) > 1:  # comparisons: one query per entity finds pages about each alone
+        quoted = [_quote(p) for p in phrases]
+        candidates += [" ".join([*quoted, _quote(e), *others[:3]]) for e in entities]
+    return _dedupe(candidates, max(1, max_queries)) or [question]
+
+
+_SYSTEM_PROMPT = (
+    "You write web search queries for a research question. Answer with a JSON array of "
+    "{n} distinct, short search-engine queries (strings), most useful first: cover the "
+    "question's key entities, synonyms and sub-questions. Output only the JSON array."
+)
+
+
+def parse_query_list(content: str) -> list[str]:
+    """Queries from an LLM answer: a JSON array (maybe fenced, maybe under "queries"),
+    else one query per bulleted or numbered line; [] when there is neither."""
+    text = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", content.strip())
+    start, end = text.find("["), text.rfind("]")
+    candidates: object = None
+    for chunk in (text, text[start : end + 1] if 0 <= start < end else ""):
+        try:
+            candidates = json.loads(chunk)
+            break
+        except ValueError:
+            continue
+    if isinstance(candidates, dict):
+        candidates = candidates.get("queries")
+    if isinstance(candidates, list):
+        return [c.strip() for c in candidates if isinstance(c, str) and c.strip()]
+    # Only list items: a prose refusal must not become a query.
+    items = (_LIST_ITEM.match(line) for line in text.splitlines())
+    return [item.group(1).strip().strip('"') for item in items if item and item.group(1).strip()]
+
+
+class LLMPlanner:
+    """Asks a chat model for queries; falls back to `plan_queries` on any failure."""
+
+    def __init__(self, client: openai.OpenAI, model: str) -> None:
+        self.client = client
+        self.model = model
+
+    def plan(self, question: str, max_queries: int) -> list[str]:
+        """The question first, then the model's queries; rule-based if the model fails."""
+        try:
+            completion = self.client.chat.completions.create(
+                model=self.model,
+                temperature=0,
+                messages=[
+                    {"role": "system", "content": _SYSTEM_PROMPT.format(n=max_queries)},
+                    {"role": "user", "content": question},
+                ],
+            )
+            queries = parse_query_list(completion.choices[0].message.content or "")
+            if not queries:
+                raise ValueError("no queries in the model's answer")
+        except Exception as exc:  # any failure: the rule-based plan is always good enough
+            logger.warning(
+                "llm planner failed, using rules", extra={"model": self.model, "exc": repr(exc)}
+            )
+            return plan_queries(question, max_queries=max_queries)
+        return _dedupe([" ".join(question.split()), *queries], max(1, max_queries))
