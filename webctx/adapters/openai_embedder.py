@@ -1,0 +1,119 @@
+"""Embedder on any OpenAI-compatible `/embeddings` endpoint, via the official client.
+
+The client's own retries are off (`max_retries=0`): retries, backoff and rate limiting
+belong to `webctx.stages.embed` and the worker layer, which see every 429.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import openai
+
+from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
+
+PROVIDER = "openai"
+# Local OpenAI-compatible servers ignore the key, but the client refuses to start without one.
+_PLACEHOLDER_KEY = "unused"
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# Statuses the openai client itself would retry: a lock timeout or a request timeout.
+_TRANSIENT_4XX = {408, 409}
+
+
+def parse_duration(value: str) -> float | None:
+    """Seconds in an OpenAI reset duration such as "1s", "6m0s", "17ms"; None if unparsable."""
+    parts = _DURATION_PART.findall(value.strip())
+    if not parts or "".join(n + u for n, u in parts) != value.strip():
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """How long a 429 asks us to wait, from the most precise header present."""
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        try:
+            return max(0.0, float(headers.get(name, "")) * scale)
+        except ValueError:
+            continue  # absent, or an HTTP date: OpenAI sends delta-seconds
+    # No retry-after: wait for whichever exhausted limit resets last.
+    waits = [
+        parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
+        for kind in ("requests", "tokens")
+        if headers.get(f"x-ratelimit-remaining-{kind}") == "0"
+    ]
+    known = [w for w in waits if w is not None]
+    return max(known) if known else None
+
+
+def rate_limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The `x-ratelimit-*` headers of a response, lower-cased."""
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith("x-ratelimit-")}
+
+
+class OpenAIEmbedder:
+    """One `embeddings.create` request per `embed()` call; errors mapped onto webctx's tree."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None,
+        api_key: str | None,
+        model: str,
+        dimensions: int | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.model = model
+        self.dimensions = dimensions
+        self.last_rate_limits: dict[str, str] = {}
+        self._client = openai.OpenAI(
+            base_url=base_url,
+            api_key=api_key or _PLACEHOLDER_KEY,
+            timeout=timeout_s,
+            max_retries=0,
+        )
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, same order. Raises RateLimited, ProviderUnavailable,
+        ProviderError."""
+        if not texts:
+            return []
+        try:
+            raw = self._client.embeddings.with_raw_response.create(
+                model=self.model,
+                input=list(texts),
+                dimensions=openai.omit if self.dimensions is None else self.dimensions,
+            )
+            self.last_rate_limits = rate_limit_headers(raw.headers)
+            response = raw.parse()
+        except openai.APIStatusError as exc:
+            self.last_rate_limits = rate_limit_headers(exc.response.headers)
+            raise _translate_status(exc) from exc
+        except openai.APIConnectionError as exc:  # includes APITimeoutError
+            raise ProviderUnavailable(f"{PROVIDER}: {type(exc).__name__}: {exc}") from exc
+        except (openai.OpenAIError, ValueError) as exc:  # malformed body, no data
+            raise ProviderError(PROVIDER, f"invalid response: {exc}") from exc
+        rows = sorted(response.data, key=lambda row: row.index)
+        if [row.index for row in rows] != list(range(len(texts))):
+            raise ProviderError(PROVIDER, f"got {len(rows)} vectors for {len(texts)} inputs")
+        return [list(row.embedding) for row in rows]
+
+    def close(self) -> None:
+        """Close the underlying HTTP client."""
+        self._client.close()
+
+
+def _translate_status(exc: openai.APIStatusError) -> Exception:
+    """The webctx error for an HTTP error answer."""
+    status = exc.status_code
+    if status == 429 and exc.code == "insufficient_quota":
+        # Billing, not pacing: retrying cannot help.
+        return ProviderError(PROVIDER, f"429 insufficient_quota: {exc.message}")
+    if status == 429:
+        return RateLimited(
+            f"{PROVIDER}: 429: {exc.message}", retry_after=retry_after_s(exc.response.headers)
+        )
+    if status >= 500 or status in _TRANSIENT_4XX:
+        return ProviderUnavailable(f"{PROVIDER}: HTTP {status}: {exc.message}")
+    return ProviderError(PROVIDER, f"HTTP {status}: {exc.message}")

@@ -1,0 +1,222 @@
+"""Embed texts in as few provider requests as the caps allow, retrying transient failures.
+
+The steps are separate so a cross-worker rate limiter (`before_request`) and an
+embedding cache (filter texts before `plan_batches`) can slot in without a rewrite:
+
+    prepare_texts -> plan_batches -> for each batch: before_request, embedder.embed
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from webctx.errors import ConfigError, ProviderError, ProviderUnavailable, RateLimited
+from webctx.ports import Embedder
+from webctx.tokens import count_tokens, truncate_to_tokens
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+BeforeRequest = Callable[["Batch"], None]
+# OpenAI refuses an empty string input; a single space embeds as "nothing" and is accepted.
+_EMPTY_STAND_IN = " "
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One provider request: positions of its texts in the input, and their token total."""
+
+    indices: tuple[int, ...]
+    tokens: int
+
+
+class EmbedOutcome(BaseModel):
+    """Vectors in input order, plus what it took to get them."""
+
+    vectors: list[list[float]]
+    requests: int = 0
+    tokens: int = 0
+    retries: int = 0
+    truncated: int = 0
+
+
+@dataclass(frozen=True)
+class PreparedTexts:
+    """Texts as they will be sent, their token counts, and how many were cut."""
+
+    texts: list[str]
+    tokens: list[int]
+    truncated: int
+
+
+def prepare_texts(texts: Sequence[str], *, max_input_tokens: int) -> PreparedTexts:
+    """Cut texts to `max_input_tokens` and count their tokens."""
+    prepared: list[str] = []
+    counts: list[int] = []
+    truncated = 0
+    for text in texts:
+        text = text if text.strip() else _EMPTY_STAND_IN
+        n = count_tokens(text)
+        if n > max_input_tokens:
+            # Sending it would earn a 400 for the whole batch; a prefix still carries meaning.
+            text = truncate_to_tokens(text, max_input_tokens)
+            n = count_tokens(text)
+            truncated += 1
+        prepared.append(text)
+        counts.append(n)
+    return PreparedTexts(prepared, counts, truncated)
+
+
+@dataclass
+class _Bin:
+    members: list[int]
+    tokens: int
+
+
+def _pack(
+    order: Sequence[int],
+    counts: Sequence[int],
+    max_inputs: int,
+    max_tokens: int,
+    *,
+    first_fit: bool,
+) -> list[Batch]:
+    """Greedy packing in `order`: into the last open batch (next-fit) or the first with room."""
+    bins: list[_Bin] = []
+    for i in order:
+        open_bins = bins if first_fit else bins[-1:]
+        target = next(
+            (
+                b
+                for b in open_bins
+                if len(b.members) < max_inputs and b.tokens + counts[i] <= max_tokens
+            ),
+            None,
+        )
+        if target is None:
+            bins.append(_Bin([i], counts[i]))
+        else:
+            target.members.append(i)
+            target.tokens += counts[i]
+    return [Batch(tuple(sorted(b.members)), b.tokens) for b in bins]
+
+
+def plan_batches(
+    token_counts: Sequence[int], *, max_inputs: int, max_tokens_per_request: int
+) -> list[Batch]:
+    """Group texts into the fewest requests under both caps; in input order when that is
+    as good, else first-fit-decreasing by tokens."""
+    if max_inputs < 1 or max_tokens_per_request < 1:
+        raise ConfigError("embedding request caps must be positive")
+    if any(n > max_tokens_per_request for n in token_counts):
+        raise ConfigError("a text exceeds max_tokens_per_request; truncate it first")
+    n = len(token_counts)
+    in_order = _pack(range(n), token_counts, max_inputs, max_tokens_per_request, first_fit=False)
+    lower_bound = max(-(-n // max_inputs), -(-sum(token_counts) // max_tokens_per_request))
+    if len(in_order) <= lower_bound:
+        return in_order
+    by_size = sorted(range(n), key=lambda i: -token_counts[i])
+    packed = _pack(by_size, token_counts, max_inputs, max_tokens_per_request, first_fit=True)
+    return packed if len(packed) < len(in_order) else in_order
+
+
+def backoff_delay(
+    attempt: int, exc: Exception, *, base_delay_s: float, max_delay_s: float
+) -> float:
+    """Seconds before retry number `attempt` (1-based): the server's `retry_after` plus a
+    little jitter, else exponential backoff with jitter so workers do not retry in step."""
+    if isinstance(exc, RateLimited) and exc.retry_after is not None:
+        return exc.retry_after + random.uniform(0, 0.1 * exc.retry_after + 0.05)
+    cap = min(max_delay_s, base_delay_s * 2 ** (attempt - 1))
+    return random.uniform(cap / 2, cap)
+
+
+def call_with_retries(
+    call: Callable[[], T],
+    *,
+    max_attempts: int,
+    sleep: Callable[[float], None],
+    base_delay_s: float,
+    max_delay_s: float,
+) -> tuple[T, int]:
+    """`call()`'s result and how many retries it took. Retries RateLimited and
+    ProviderUnavailable; re-raises when attempts run out or the server asks for a wait
+    longer than `max_delay_s` (a Celery countdown should carry that, not a blocked worker)."""
+    if max_attempts < 1:
+        raise ConfigError("max_attempts must be at least 1")
+    for attempt in range(1, max_attempts):
+        try:
+            return call(), attempt - 1
+        except (RateLimited, ProviderUnavailable) as exc:
+            if isinstance(exc, RateLimited) and (exc.retry_after or 0) > max_delay_s:
+                raise
+            delay = backoff_delay(attempt, exc, base_delay_s=base_delay_s, max_delay_s=max_delay_s)
+            logger.warning(
+                "embed request retried",
+                extra={"attempt": attempt, "delay_s": round(delay, 3), "exc": repr(exc)},
+            )
+            sleep(delay)
+    return call(), max_attempts - 1
+
+
+def _request(
+    embedder: Embedder, texts: list[str], batch: Batch, before_request: BeforeRequest | None
+) -> list[list[float]]:
+    """One attempt at one batch."""
+    if before_request is not None:
+        before_request(batch)
+    vectors = embedder.embed(texts)
+    if len(vectors) != len(texts):
+        raise ProviderError(embedder.model, f"{len(vectors)} vectors for {len(texts)} texts")
+    return vectors
+
+
+def embed_texts(
+    texts: Sequence[str],
+    embedder: Embedder,
+    *,
+    max_inputs: int,
+    max_tokens_per_request: int,
+    max_input_tokens: int,
+    max_attempts: int,
+    sleep: Callable[[float], None] = time.sleep,
+    before_request: BeforeRequest | None = None,
+    base_delay_s: float = 0.5,
+    max_delay_s: float = 20.0,
+) -> EmbedOutcome:
+    """One vector per text, in order, using the fewest requests the caps allow.
+
+    Texts over `max_input_tokens` are truncated, never refused. `before_request(batch)` runs
+    before every attempt (a shared rate limiter can block there). Raises RateLimited or
+    ProviderUnavailable once attempts are exhausted, ProviderError at once."""
+    cap = min(max_input_tokens, max_tokens_per_request)
+    prepared = prepare_texts(texts, max_input_tokens=cap)
+    batches = plan_batches(
+        prepared.tokens, max_inputs=max_inputs, max_tokens_per_request=max_tokens_per_request
+    )
+    vectors: list[list[float]] = [[] for _ in prepared.texts]
+    outcome = EmbedOutcome(vectors=[], truncated=prepared.truncated)
+    for batch in batches:
+        batch_texts = [prepared.texts[i] for i in batch.indices]
+        call = partial(_request, embedder, batch_texts, batch, before_request)
+        got, retries = call_with_retries(
+            call,
+            max_attempts=max_attempts,
+            sleep=sleep,
+            base_delay_s=base_delay_s,
+            max_delay_s=max_delay_s,
+        )
+        for i, vector in zip(batch.indices, got, strict=True):
+            vectors[i] = vector
+        outcome.requests += 1
+        outcome.tokens += batch.tokens
+        outcome.retries += retries
+    outcome.vectors = vectors
+    return outcome
