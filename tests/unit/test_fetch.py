@@ -1,0 +1,399 @@
+"""The fetch stage against a hostile loopback site.
+
+Only 127.0.0.1 and 127.0.0.2 are ever targeted, and every resolver is a stub, so no
+packet leaves loopback even if the guard were broken.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import socket
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import trafilatura
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from webctx.adapters.httpx_fetcher import HttpxFetcher
+from webctx.devweb.server import LoopbackServer
+from webctx.devweb.site import SitePage, gzip_bomb_page, huge_page, make_site_app
+from webctx.errors import (
+    BlockedURL,
+    ContentTooLarge,
+    ExtractionError,
+    FetchError,
+    FetchTimeout,
+    HTTPStatusError,
+    UnsupportedContent,
+)
+from webctx.models import Download
+from webctx.netguard import AddressPolicy
+from webctx.settings import FetchSettings
+from webctx.stages.fetch import extract_page, fetch_page
+
+SETTINGS = FetchSettings(
+    connect_timeout_s=0.5,
+    read_timeout_s=0.5,
+    total_timeout_s=0.8,
+    max_bytes=200_000,
+    max_redirects=3,
+    per_host_concurrency=2,
+    user_agent="webctx-test/1.0 (+https://example.invalid/bot)",
+)
+LOOPBACK_ONLY = AddressPolicy(allowed_networks=["127.0.0.1/32"])
+MARGIN_S = 0.5
+
+ARTICLE = """<!doctype html><html lang="en"><head>
+<title>Why lithium plating happens | Battery Notes</title>
+<meta property="og:site_name" content="Battery Notes">
+<meta name="author" content="Ada Volta">
+<meta property="article:published_time" content="2024-03-05T10:00:00Z">
+</head><body>
+<nav><a href="/">Home</a> <a href="/about">About us</a> <a href="/shop">Shop batteries</a></nav>
+<div class="ad banner">Subscribe now for 50% off premium chargers!</div>
+<article><h1>Why lithium plating happens</h1>
+<p>Lithium plating occurs when lithium ions deposit as metal on the anode surface instead of
+intercalating into the graphite, most often while fast charging at low temperatures.</p>
+<p>Plated lithium reacts with the electrolyte, thickens the solid electrolyte interphase and
+permanently removes cyclable lithium, which shows up as capacity fade over many cycles.</p>
+<p>Charging protocols that reduce current below ten degrees Celsius limit plating and extend
+cell life considerably, according to several long-term cycling studies.</p>
+</article>
+<footer>Copyright 2024 Battery Notes Ltd. All rights reserved. Privacy policy.</footer>
+</body></html>"""
+PARAGRAPH = "<p>" + "Solid electrolyte interphase growth consumes lithium. " * 6 + "</p>"
+INTERSTITIAL = """<html><head><title>Just a moment...</title></head><body>
+<h1>Checking your browser before accessing the site.</h1>
+<p>Please enable JavaScript and cookies to continue.</p>
+<div class="cf-challenge" id="challenge-platform"></div></body></html>"""
+
+
+@dataclass
+class Site:
+    """The main site on 127.0.0.1 and a forbidden one on 127.0.0.2, with counters."""
+
+    main: LoopbackServer
+    other: LoopbackServer
+    hits: collections.Counter[str]
+    sent: collections.Counter[str]
+    other_hits: collections.Counter[str]
+    requests: list[dict[str, str]]
+
+    def url(self, path: str) -> str:
+        return self.main.url + path
+
+
+def recording(app: ASGIApp, requests: list[dict[str, str]]) -> ASGIApp:
+    """Wrap `app` to record each request's headers."""
+
+    async def wrapper(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            requests.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await app(scope, receive, send)
+
+    return wrapper
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Site]:
+    other_hits: collections.Counter[str] = collections.Counter()
+    other = LoopbackServer(make_site_app({"/": SitePage(ARTICLE)}, hits=other_hits), "127.0.0.2")
+    hits: collections.Counter[str] = collections.Counter()
+    sent: collections.Counter[str] = collections.Counter()
+    requests: list[dict[str, str]] = []
+    with other:
+        pages = site_pages(other.url)
+        app = recording(make_site_app(pages, hits=hits, sent=sent), requests)
+        with LoopbackServer(app) as main:
+            yield Site(main, other, hits, sent, other_hits, requests)
+
+
+def site_pages(other_url: str) -> dict[str, SitePage]:
+    other_port = other_url.rsplit(":", 1)[1]
+    cached = {"ETag": '"v1"', "Last-Modified": "Tue, 05 Mar 2024 10:00:00 GMT"}
+    bad_utf8 = b"<html><body><p>Caf\xc3\xa9 \xff\xfe\xc3 broken bytes.</p>" + PARAGRAPH.encode()
+    cp1252 = b'<html><head><meta charset="windows-1252"></head><body><p>Caf\xe9 \x93quoted\x94.</p>'
+    return {
+        "/article": SitePage(ARTICLE, headers=cached),
+        "/error": SitePage("oops", status=500),
+        "/slow": SitePage(ARTICLE, delay_s=5.0),
+        "/trickle": SitePage(ARTICLE * 20, trickle_s=0.02),
+        "/huge": huge_page(1_000_000_000),
+        "/huge-chunked": huge_page(1_000_000_000, content_length=False),
+        "/bomb": gzip_bomb_page(50_000_000),
+        "/pdf": SitePage(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n", content_type="application/pdf"),
+        "/png": SitePage(b"\x89PNG\r\n\x1a\n" + bytes(200), content_type="image/png"),
+        "/binary-as-html": SitePage(bytes(range(256)) * 8),
+        "/bad-utf8": SitePage(bad_utf8 + b"</body></html>"),
+        "/bogus-charset": SitePage(
+            f"<html><body>{PARAGRAPH}</body></html>", content_type="text/html; charset=utf-foo"
+        ),
+        "/meta-cp1252": SitePage(cp1252 + PARAGRAPH.encode(), content_type="text/html"),
+        "/plain": SitePage("Plain notes on battery ageing.\n" * 10, content_type="text/plain"),
+        "/captcha": SitePage(INTERSTITIAL),
+        "/empty": SitePage("<html><body><nav><a href='/'>Home</a></nav></body></html>"),
+        "/loop": SitePage(redirect_to="/loop"),
+        "/hop": SitePage(redirect_to="/article", status=301),
+        "/to-other": SitePage(redirect_to=f"{other_url}/"),
+        "/to-other-decimal": SitePage(redirect_to=f"http://2130706434:{other_port}/"),
+        "/to-ftp": SitePage(redirect_to="ftp://127.0.0.1/file"),
+    }
+
+
+def no_dns(host: str, port: int) -> list[str]:
+    raise AssertionError(f"unexpected DNS lookup of {host}")
+
+
+@pytest.fixture(scope="module")
+def fetcher() -> Iterator[HttpxFetcher]:
+    fetcher = HttpxFetcher(SETTINGS, policy=LOOPBACK_ONLY, resolver=no_dns)
+    yield fetcher
+    fetcher.close()
+
+
+def timed_failure(fetcher: HttpxFetcher, url: str) -> tuple[FetchError, float]:
+    started = time.monotonic()
+    with pytest.raises(FetchError) as info:
+        fetcher.fetch(url)
+    return info.value, time.monotonic() - started
+
+
+def test_fetch_extracts_main_text_without_boilerplate(site: Site, fetcher: HttpxFetcher) -> None:
+    page = fetch_page(site.url("/article"), fetcher, extract_timeout_s=5.0)
+    assert "Lithium plating occurs when lithium ions deposit" in page.text
+    assert "extend\ncell life" in page.text or "extend cell life" in page.text
+    for boilerplate in ("Subscribe now", "About us", "Shop batteries", "Copyright", "Privacy"):
+        assert boilerplate not in page.text
+    assert page.title.startswith("Why lithium plating happens")
+    assert (page.site, page.author, page.published) == ("Battery Notes", "Ada Volta", "2024-03-05")
+    assert page.content_sha256 == hashlib.sha256(page.text.encode()).hexdigest()
+    assert (page.etag, page.last_modified) == ('"v1"', "Tue, 05 Mar 2024 10:00:00 GMT")
+
+
+def test_fetch_sends_user_agent_and_keeps_the_name_as_host(site: Site) -> None:
+    calls: list[str] = []
+
+    def resolve(host: str, port: int) -> list[str]:
+        calls.append(host)
+        return ["127.0.0.1"]
+
+    fetcher = HttpxFetcher(SETTINGS, policy=LOOPBACK_ONLY, resolver=resolve)
+    download = fetcher.fetch(f"http://docs.example.test:{site.main.port}/article")
+    assert download.status == 200 and b"lithium plating" in download.body
+    assert calls == ["docs.example.test"]  # one lookup: the address checked is the one used
+    last = site.requests[-1]
+    assert last["host"] == f"docs.example.test:{site.main.port}"
+    assert last["user-agent"] == SETTINGS.user_agent
+
+
+@pytest.mark.parametrize(("path", "status"), [("/missing", 404), ("/error", 500)])
+def test_fetch_reports_http_error_status(
+    site: Site, fetcher: HttpxFetcher, path: str, status: int
+) -> None:
+    with pytest.raises(HTTPStatusError) as info:
+        fetcher.fetch(site.url(path))
+    assert info.value.status == status
+    assert info.value.url == site.url(path)
+
+
+def test_fetch_gives_up_on_slow_page_at_total_deadline(site: Site) -> None:
+    patient_settings = SETTINGS.model_copy(update={"read_timeout_s": 10.0})
+    patient = HttpxFetcher(patient_settings, policy=LOOPBACK_ONLY, resolver=no_dns)
+    error, elapsed = timed_failure(patient, site.url("/slow"))
+    assert isinstance(error, FetchTimeout)
+    assert SETTINGS.total_timeout_s - 0.05 <= elapsed < SETTINGS.total_timeout_s + MARGIN_S
+
+
+def test_fetch_cuts_off_trickling_server_at_total_deadline(
+    site: Site, fetcher: HttpxFetcher
+) -> None:
+    error, elapsed = timed_failure(fetcher, site.url("/trickle"))
+    assert isinstance(error, FetchTimeout)  # each 8-byte read is far inside read_timeout_s
+    assert elapsed < SETTINGS.total_timeout_s + MARGIN_S
+    assert site.sent["/trickle"] < len(ARTICLE)
+
+
+def test_fetch_refuses_huge_declared_length_before_reading(
+    site: Site, fetcher: HttpxFetcher
+) -> None:
+    error, elapsed = timed_failure(fetcher, site.url("/huge"))
+    assert isinstance(error, ContentTooLarge) and "Content-Length" in str(error)
+    assert elapsed < 0.5
+    time.sleep(0.1)  # let the server notice the disconnect
+    assert site.sent["/huge"] < 20_000_000  # at most socket buffers, not the gigabyte
+
+
+def test_fetch_caps_streamed_body_without_length(site: Site, fetcher: HttpxFetcher) -> None:
+    error, _ = timed_failure(fetcher, site.url("/huge-chunked"))
+    assert isinstance(error, ContentTooLarge)
+    time.sleep(0.1)
+    assert site.sent["/huge-chunked"] < 20_000_000
+
+
+def test_fetch_caps_gzip_bomb_at_max_bytes(site: Site, fetcher: HttpxFetcher) -> None:
+    tracemalloc.start()
+    try:
+        error, _ = timed_failure(fetcher, site.url("/bomb"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(error, ContentTooLarge)
+    assert peak < 10 * SETTINGS.max_bytes  # the 50 MB inflation never happened
+
+
+@pytest.mark.parametrize("path", ["/pdf", "/png", "/binary-as-html"])
+def test_fetch_refuses_non_html_content(site: Site, fetcher: HttpxFetcher, path: str) -> None:
+    with pytest.raises(UnsupportedContent):
+        fetcher.fetch(site.url(path))
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/bad-utf8", "Café \ufffd"),
+        ("/bogus-charset", "interphase"),
+        ("/meta-cp1252", "Café “quoted”"),
+    ],
+)
+def test_fetch_decodes_broken_or_odd_encodings_without_crashing(
+    site: Site, fetcher: HttpxFetcher, path: str, expected: str
+) -> None:
+    page = fetch_page(site.url(path), fetcher, extract_timeout_s=5.0)
+    assert expected in page.text
+
+
+def test_fetch_passes_plain_text_through(site: Site, fetcher: HttpxFetcher) -> None:
+    page = fetch_page(site.url("/plain"), fetcher, extract_timeout_s=5.0)
+    assert page.text.startswith("Plain notes on battery ageing.")
+    assert page.site == "127.0.0.1"
+
+
+def test_fetch_follows_redirect_to_allowed_page(site: Site, fetcher: HttpxFetcher) -> None:
+    download = fetcher.fetch(site.url("/hop"))
+    assert (download.url, download.final_url) == (site.url("/hop"), site.url("/article"))
+
+
+def test_fetch_caps_redirect_loop(site: Site, fetcher: HttpxFetcher) -> None:
+    before = site.hits["/loop"]
+    error, _ = timed_failure(fetcher, site.url("/loop"))
+    assert type(error) is FetchError and "redirects" in str(error)
+    assert site.hits["/loop"] - before == SETTINGS.max_redirects + 1
+
+
+@pytest.mark.parametrize("path", ["/to-other", "/to-other-decimal", "/to-ftp"])
+def test_fetch_refuses_redirect_to_disallowed_target(
+    site: Site, fetcher: HttpxFetcher, path: str
+) -> None:
+    with pytest.raises(BlockedURL) as info:
+        fetcher.fetch(site.url(path))
+    assert info.value.url == site.url(path)
+    assert sum(site.other_hits.values()) == 0
+
+
+def test_fetch_refuses_private_address(site: Site) -> None:
+    before = sum(site.hits.values())
+    default = HttpxFetcher(SETTINGS, policy=AddressPolicy(), resolver=no_dns)
+    for url in (site.url("/article"), f"http://2130706433:{site.main.port}/article"):
+        with pytest.raises(BlockedURL):
+            default.fetch(url)
+    assert sum(site.hits.values()) == before
+
+
+@pytest.mark.parametrize(
+    "url", ["http://user:secret@127.0.0.1:{port}/article", "ftp://127.0.0.1:{port}/article"]
+)
+def test_fetch_refuses_userinfo_and_non_http_schemes(
+    site: Site, fetcher: HttpxFetcher, url: str
+) -> None:
+    before = sum(site.hits.values())
+    with pytest.raises(BlockedURL):
+        fetcher.fetch(url.format(port=site.main.port))
+    assert sum(site.hits.values()) == before
+
+
+def test_fetch_refuses_name_resolving_to_disallowed_address(site: Site) -> None:
+    def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.2"]
+
+    fetcher = HttpxFetcher(SETTINGS, policy=LOOPBACK_ONLY, resolver=resolve)
+    with pytest.raises(BlockedURL, match="127.0.0.2"):
+        fetcher.fetch(f"http://rebind.example.test:{site.other.port}/")
+    assert sum(site.other_hits.values()) == 0
+
+
+def test_fetch_gives_up_on_hanging_dns_at_deadline(site: Site) -> None:
+    release = threading.Event()
+
+    def hanging(host: str, port: int) -> list[str]:
+        release.wait(5.0)
+        return ["127.0.0.1"]
+
+    slow_connect = SETTINGS.model_copy(update={"connect_timeout_s": 5.0})
+    fetcher = HttpxFetcher(slow_connect, policy=LOOPBACK_ONLY, resolver=hanging)
+    try:
+        error, elapsed = timed_failure(fetcher, f"http://hang.example.test:{site.main.port}/")
+    finally:
+        release.set()
+        fetcher.close()
+    assert isinstance(error, FetchTimeout)
+    assert elapsed < SETTINGS.total_timeout_s + MARGIN_S
+
+
+def test_fetch_reports_refused_connection_as_fetch_error(fetcher: HttpxFetcher) -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    error, _ = timed_failure(fetcher, f"http://127.0.0.1:{port}/")
+    assert type(error) is FetchError and "ConnectError" in str(error)
+
+
+def test_fetch_limits_concurrency_per_host(site: Site) -> None:
+    settings = SETTINGS.model_copy(
+        update={"per_host_concurrency": 1, "read_timeout_s": 5.0, "total_timeout_s": 5.0}
+    )
+    serial = HttpxFetcher(settings, policy=LOOPBACK_ONLY, resolver=no_dns)
+    slow = SitePage(ARTICLE, delay_s=0.3)
+    with LoopbackServer(make_site_app({"/p": slow})) as server:
+        started = time.monotonic()
+        url = f"{server.url}/p"
+        threads = [threading.Thread(target=serial.fetch, args=(url,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert time.monotonic() - started >= 0.6  # two 0.3 s responses, one at a time
+
+
+def test_extract_page_reports_captcha_interstitial_as_blocked(
+    site: Site, fetcher: HttpxFetcher
+) -> None:
+    with pytest.raises(BlockedURL, match="interstitial"):
+        fetch_page(site.url("/captcha"), fetcher, extract_timeout_s=5.0)
+
+
+def test_extract_page_rejects_near_empty_page(site: Site, fetcher: HttpxFetcher) -> None:
+    with pytest.raises(ExtractionError):
+        fetch_page(site.url("/empty"), fetcher, extract_timeout_s=5.0)
+
+
+def test_extract_page_gives_up_after_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    def stuck(*args: object, **kwargs: object) -> None:
+        time.sleep(1.0)
+
+    monkeypatch.setattr(trafilatura, "bare_extraction", stuck)
+    download = Download(
+        url="http://127.0.0.1/x",
+        final_url="http://127.0.0.1/x",
+        status=200,
+        content_type="text/html",
+        body=ARTICLE.encode(),
+    )
+    started = time.monotonic()
+    with pytest.raises(ExtractionError, match="took over"):
+        extract_page(download, timeout_s=0.1)
+    assert time.monotonic() - started < 0.5

@@ -1,0 +1,399 @@
+"""The page fetcher: httpx under a hard deadline, a decoded-size cap and the address guard.
+
+Design (see TRAPS 6-8):
+- Deadline: each `fetch` runs a private event loop (`asyncio.run`) and wraps every hop,
+  the DNS lookup (in a thread) and the body read in one `asyncio.timeout`. httpx's own
+  timeouts are per operation, so a trickling server only trips this one.
+- Connect-to-checked-IP: a custom httpcore network backend resolves the host, checks every
+  address with the policy and connects to a checked address; httpcore still sends the name
+  as Host and SNI. There is no second lookup, hence no DNS rebinding window.
+- Size: the body is read raw and inflated here with a zlib output limit, so a gzip bomb
+  never inflates past `max_bytes` (httpx's decoders have no output limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import functools
+import logging
+import re
+import threading
+import time
+import weakref
+import zlib
+from collections.abc import AsyncIterator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpcore
+import httpx
+
+from webctx.errors import (
+    BlockedURL,
+    ContentTooLarge,
+    FetchError,
+    FetchTimeout,
+    HTTPStatusError,
+    UnsupportedContent,
+)
+from webctx.models import Download
+from webctx.netguard import (
+    AddressPolicy,
+    IPAddress,
+    Resolver,
+    check_url,
+    parse_ip_host,
+    resolve_checked,
+    system_resolver,
+)
+from webctx.settings import FetchSettings
+
+logger = logging.getLogger(__name__)
+
+ACCEPTED_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain"})
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# fmt: off
+_HEADERS = {"Accept": "text/html,application/xhtml+xml;q=0.9,text/plain;q=0.8",
+            "Accept-Encoding": "gzip, deflate"}  # only what _BodyDecoder inflates under a cap
+_BINARY_MAGIC = (b"%PDF-", b"\x89PNG", b"GIF87a", b"GIF89a", b"\xff\xd8\xff", b"PK\x03\x04",
+                 b"\x1f\x8b", b"OggS", b"\x7fELF", b"wOFF", b"wOF2", b"%!PS")
+# fmt: on
+_CHARSET = re.compile(r"charset\s*=\s*[\"']?([\w.:-]+)", re.I)
+_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\r\f\x1b") + b"\x7f"
+
+
+class HttpxFetcher:
+    """Fetches pages with httpx under `FetchSettings` and an `AddressPolicy`; thread-safe.
+
+    Call `fetch` from worker threads (it runs its own event loop), not from async code.
+    """
+
+    def __init__(
+        self,
+        settings: FetchSettings,
+        *,
+        policy: AddressPolicy,
+        resolver: Resolver = system_resolver,
+    ) -> None:
+        self._settings = settings
+        self._policy = policy
+        self._resolver = resolver
+        self._ssl_context = httpx.create_ssl_context()  # built once: loading CAs is slow
+        # DNS runs here, not in the loop's default executor, so a hung lookup is abandoned
+        # at the deadline instead of being joined by asyncio.run.
+        self._dns = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="webctx-dns")
+        self._slots_lock = threading.Lock()
+        # Weak values: a host's semaphore lives while some fetch holds or waits on it.
+        self._slots = weakref.WeakValueDictionary[str, threading.BoundedSemaphore]()
+
+    def fetch(self, url: str) -> Download:
+        """The body of `url` after redirects. Raises FetchError subclasses."""
+        check_url(url)
+        return asyncio.run(self._fetch(url))
+
+    def close(self) -> None:
+        """Release the DNS threads (a lookup still running is abandoned)."""
+        self._dns.shutdown(wait=False, cancel_futures=True)
+
+    async def _fetch(self, url: str) -> Download:
+        total = self._settings.total_timeout_s
+        started = time.monotonic()
+        async with self._new_client() as client:
+            try:
+                async with asyncio.timeout(total):
+                    download = await self._follow(client, url, started + total)
+            except TimeoutError as exc:
+                raise FetchTimeout(url, f"no complete response within {total}s") from exc
+        ms = round((time.monotonic() - started) * 1000)
+        extra = {"url": url, "final_url": download.final_url, "status": download.status}
+        logger.debug("page fetched", extra=extra | {"bytes": len(download.body), "ms": ms})
+        return download
+
+    def _new_client(self) -> httpx.AsyncClient:
+        backend = _GuardedBackend(self._policy, self._resolver, self._dns)
+        pool = httpcore.AsyncConnectionPool(ssl_context=self._ssl_context, network_backend=backend)
+        s = self._settings
+        return httpx.AsyncClient(
+            transport=_GuardedTransport(pool),
+            timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
+            headers={"User-Agent": s.user_agent, **_HEADERS},
+            follow_redirects=False,  # each hop must pass check_url and the address guard
+            trust_env=False,  # an env proxy would connect for us, past the guard
+        )
+
+    async def _follow(self, client: httpx.AsyncClient, url: str, deadline: float) -> Download:
+        current = url
+        try:
+            for _ in range(self._settings.max_redirects + 1):
+                result = await self._hop(client, url, current, deadline)
+                if isinstance(result, Download):
+                    return result
+                current = result
+        except FetchError as exc:
+            if exc.url == url:
+                raise
+            raise _for_url(exc, url) from exc
+        except httpx.HTTPError as exc:  # anything the transport did not translate
+            raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
+        raise FetchError(url, f"more than {self._settings.max_redirects} redirects")
+
+    async def _hop(
+        self, client: httpx.AsyncClient, url: str, current: str, deadline: float
+    ) -> Download | str:
+        """One request: the download, or the URL a redirect points to."""
+        target = _checked_url(current)
+        with self._host_slot(current, target.host, deadline):
+            response = await client.send(client.build_request("GET", target), stream=True)
+            try:
+                location = _redirect_location(response)
+                if location is None:
+                    return await self._download(url, response)
+            finally:
+                await response.aclose()
+        try:
+            return str(target.join(location))
+        except httpx.InvalidURL as exc:
+            raise BlockedURL(current, f"bad redirect Location {location!r}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _host_slot(self, url: str, host: str, deadline: float) -> Iterator[None]:
+        with self._slots_lock:
+            slot = self._slots.get(host)
+            if slot is None:
+                slot = threading.BoundedSemaphore(self._settings.per_host_concurrency)
+                self._slots[host] = slot
+        # Blocking is fine here: the event loop is private to this fetch, and the wait is
+        # bounded by what is left of the deadline.
+        if not slot.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise FetchTimeout(url, f"no free connection slot for {host} before the deadline")
+        try:
+            yield
+        finally:
+            slot.release()
+
+    async def _download(self, url: str, response: httpx.Response) -> Download:
+        final_url = str(response.url)
+        if not 200 <= response.status_code < 300:
+            raise HTTPStatusError(
+                final_url, f"HTTP {response.status_code}", status=response.status_code
+            )
+        media, charset = _parse_content_type(response.headers.get("content-type", ""))
+        if media and media not in ACCEPTED_TYPES:
+            raise UnsupportedContent(final_url, f"content type {media!r}")
+        limit = self._settings.max_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            # Compressed or not, a body this long on the wire decodes to more than the cap.
+            raise ContentTooLarge(final_url, f"Content-Length {declared} > {limit}")
+        decoder = _BodyDecoder(final_url, response.headers.get("content-encoding", ""), limit)
+        async for raw in response.aiter_raw():
+            decoder.feed(raw)
+        body = decoder.finish()
+        if _looks_binary(body[:1024]):
+            raise UnsupportedContent(final_url, f"binary body served as {media or 'untyped'}")
+        return Download(
+            url=url,
+            final_url=final_url,
+            status=response.status_code,
+            content_type=media or _sniff_text_type(body),
+            body=body,
+            encoding=charset,
+            etag=response.headers.get("etag"),
+            last_modified=response.headers.get("last-modified"),
+        )
+
+
+class _GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Resolves and checks the host itself, then connects to a checked address."""
+
+    def __init__(self, policy: AddressPolicy, resolver: Resolver, dns: ThreadPoolExecutor):
+        self._policy = policy
+        self._resolver = resolver
+        self._dns = dns
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        addresses = await self._resolve(host, port, timeout)
+        error: httpcore.ConnectError | None = None
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    str(address), port, timeout, local_address, socket_options
+                )
+            except httpcore.ConnectError as exc:  # try the next checked address
+                error = exc
+        raise error or httpcore.ConnectError(f"no address for {host}")
+
+    async def _resolve(self, host: str, port: int, timeout: float | None) -> list[IPAddress]:
+        lookup = functools.partial(
+            resolve_checked, host, port, policy=self._policy, resolver=self._resolver
+        )
+        if parse_ip_host(host) is not None:
+            return lookup()  # a literal: no lookup, no thread
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.get_running_loop().run_in_executor(self._dns, lookup)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(f"resolving {host} took over {timeout}s") from exc
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class _GuardedTransport(httpx.AsyncBaseTransport):
+    """An httpx transport over our httpcore pool that raises webctx errors."""
+
+    def __init__(self, pool: httpcore.AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = str(request.url)
+        core_request = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _translated(url):
+            core = await self._pool.handle_async_request(core_request)
+        return httpx.Response(
+            core.status,
+            headers=core.headers,
+            stream=_ResponseStream(url, core),
+            extensions=core.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    def __init__(self, url: str, core: httpcore.Response) -> None:
+        self._url, self._core = url, core
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _translated(self._url):
+            async for part in self._core.aiter_stream():
+                yield part
+
+    async def aclose(self) -> None:
+        await self._core.aclose()
+
+
+@contextlib.contextmanager
+def _translated(url: str) -> Iterator[None]:
+    """Turn httpcore and netguard errors into webctx errors about `url`."""
+    try:
+        yield
+    except httpcore.TimeoutException as exc:
+        raise FetchTimeout(url, f"{type(exc).__name__}: {exc}") from exc
+    except FetchError as exc:
+        if exc.url == url:
+            raise
+        raise _for_url(exc, url) from exc
+    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
+        raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _for_url(exc: FetchError, url: str) -> FetchError:
+    """The same failure reported against `url` (netguard knows hosts, callers know URLs)."""
+    message = f"{exc} (at {exc.url})" if "://" in exc.url else str(exc)
+    if isinstance(exc, HTTPStatusError):
+        return HTTPStatusError(url, message, status=exc.status)
+    return type(exc)(url, message)
+
+
+def _checked_url(url: str) -> httpx.URL:
+    check_url(url)
+    try:
+        target = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise BlockedURL(url, f"malformed URL: {exc}") from exc
+    # Re-check with httpx's own parse: it is the one that decides where we connect.
+    if target.scheme not in ("http", "https") or target.userinfo or not target.host:
+        raise BlockedURL(url, "URL refused after parsing")
+    return target
+
+
+def _redirect_location(response: httpx.Response) -> str | None:
+    if response.status_code in _REDIRECTS:
+        return response.headers.get("location") or None
+    return None
+
+
+class _BodyDecoder:
+    """Undoes Content-Encoding chunk by chunk, never producing more than `limit` bytes."""
+
+    def __init__(self, url: str, content_encoding: str, limit: int) -> None:
+        codings = [c.strip().lower() for c in content_encoding.split(",")]
+        codings = [c for c in codings if c not in ("", "identity")]
+        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise UnsupportedContent(url, f"content encoding {content_encoding!r}")
+        # wbits | 32 accepts gzip and zlib headers; raw deflate is rare and refused.
+        self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 32) if codings else None
+        self._url = url
+        self._limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def feed(self, data: bytes) -> None:
+        """Decode and keep one raw chunk."""
+        if self._inflater is not None:
+            try:  # max_length: stop inflating one byte past the cap
+                data = self._inflater.decompress(data, self._limit - self._size + 1)
+            except zlib.error as exc:
+                raise UnsupportedContent(self._url, f"corrupt compressed body: {exc}") from exc
+        self._keep(data)
+
+    def finish(self) -> bytes:
+        """The whole decoded body."""
+        if self._inflater is not None:
+            self._keep(self._inflater.flush())
+        return b"".join(self._parts)
+
+    def _keep(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._limit:
+            raise ContentTooLarge(self._url, f"decoded body over {self._limit} bytes")
+        self._parts.append(data)
+
+
+def _parse_content_type(value: str) -> tuple[str, str | None]:
+    """Media type (lower case) and a charset Python can decode, if declared."""
+    media, _, params = value.partition(";")
+    match = _CHARSET.search(params)
+    try:
+        charset = codecs.lookup(match.group(1)).name if match else None
+    except LookupError:
+        charset = None  # a bogus label: let the extractor sniff the body instead
+    return media.strip().lower(), charset
+
+
+def _looks_binary(sample: bytes) -> bool:
+    if sample.startswith(_BOMS):
+        return False  # UTF-16 text is full of NULs
+    if sample.lstrip().startswith(_BINARY_MAGIC) or b"\x00" in sample:
+        return True
+    controls = len(sample) - len(sample.translate(None, _CONTROL_BYTES))
+    return controls > len(sample) // 20
+
+
+def _sniff_text_type(body: bytes) -> str:
+    head = body[:1024].lower()
+    markers = (b"<!doctype html", b"<html", b"<head", b"<body")
+    return "text/html" if any(m in head for m in markers) else "text/plain"

@@ -1,0 +1,194 @@
+"""The fetch stage: download a URL under the fetch policy, then extract its main text.
+
+trafilatura only ever sees the HTML string we fetched (TRAPS 9): it never downloads.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import date
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import trafilatura
+
+from webctx.errors import BlockedURL, ExtractionError
+from webctx.models import Download, Page
+from webctx.ports import Fetcher
+
+T = TypeVar("T")
+
+MIN_TEXT_CHARS = 100
+"""Below this, an extraction is treated as empty (menus, cookie banners, error stubs)."""
+_INTERSTITIAL_MAX_CHARS = 2000  # longer texts are articles, even ones that mention CAPTCHAs
+_BOM_CODECS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+               (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
+# WHATWG Encoding: these labels mean windows-1252 on the web.
+_LABEL_ALIASES = {"iso-8859-1": "cp1252", "latin-1": "cp1252", "ascii": "cp1252",
+                  "us-ascii": "cp1252", "latin1": "cp1252"}  # fmt: skip
+_META_CHARSET = re.compile(rb"<meta[^>]{0,200}?charset\s*=\s*[\"']?\s*([\w.:-]+)", re.I)
+_HEADER_CHARSET = re.compile(r";\s*charset\s*=\s*[\"']?([\w.:-]+)", re.I)
+_TITLE = re.compile(r"<title[^>]*>([^<]{0,300})", re.I)
+_INTERSTITIAL = re.compile(
+    r"enable javascript|javascript is (?:disabled|required)|enable cookies"
+    r"|checking (?:your browser|if the site connection is secure)"
+    r"|verify(?:ing)? (?:that )?you are (?:a )?human|are you a robot|captcha"
+    r"|unusual traffic|access denied|request (?:unsuccessful|blocked)"
+    r"|attention required|just a moment\.\.\.|ddos protection",
+    re.I,
+)
+_CHALLENGE_MARKUP = re.compile(
+    r"cf-challenge|challenge-platform|cf_chl_|g-recaptcha|h-captcha|px-captcha|datadome", re.I
+)
+
+
+@dataclass
+class _Meta:
+    title: str = ""
+    site: str = ""
+    author: str | None = None
+    published: str | None = None
+
+
+def fetch_page(url: str, fetcher: Fetcher, *, extract_timeout_s: float = 15.0) -> Page:
+    """Fetch `url` with `fetcher` and extract its main text. Raises FetchError subclasses."""
+    return extract_page(fetcher.fetch(url), timeout_s=extract_timeout_s)
+
+
+def extract_page(download: Download, *, timeout_s: float = 15.0) -> Page:
+    """The main text and metadata of a download; raises ExtractionError or BlockedURL."""
+    media = download.content_type.split(";")[0].strip().lower()
+    source = decode_body(download)
+    host = urlsplit(download.final_url).hostname or ""
+    if media == "text/plain":
+        text, meta = source.strip(), _Meta()
+    else:
+        text, meta = _call_with_timeout(
+            lambda: _extract_html(source, download.final_url), timeout_s, download.url
+        )
+    reason = detect_interstitial(meta.title, text, "" if media == "text/plain" else source)
+    if reason is not None:
+        raise BlockedURL(download.url, f"interstitial page ({reason!r})")
+    if len(text) < MIN_TEXT_CHARS:
+        raise ExtractionError(download.url, f"only {len(text)} characters of main text")
+    return Page(
+        url=download.url,
+        final_url=download.final_url,
+        title=meta.title,
+        site=meta.site or host,
+        author=meta.author,
+        published=meta.published,
+        fetched_at=download.fetched_at,
+        content_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        text=text,
+        etag=download.etag,
+        last_modified=download.last_modified,
+    )
+
+
+def decode_body(download: Download) -> str:
+    """The body as text: BOM, then declared charset, then <meta> charset, then UTF-8.
+
+    Undecodable bytes become U+FFFD; a broken or bogus encoding never raises.
+    """
+    body = download.body
+    for bom, bom_codec in _BOM_CODECS:
+        if body.startswith(bom):
+            return body.decode(bom_codec, errors="replace")
+    match = _META_CHARSET.search(body[:4096])
+    meta_label = match.group(1).decode("ascii", "replace") if match else None
+    for label in (download.encoding, _header_charset(download.content_type), meta_label):
+        codec = _codec(label)
+        if codec is not None:
+            return body.decode(codec, errors="replace")
+    return body.decode("utf-8", errors="replace")
+
+
+def _header_charset(content_type: str) -> str | None:
+    # Fakes and callers may put the whole Content-Type header in `content_type`.
+    match = _HEADER_CHARSET.search(content_type)
+    return match.group(1) if match else None
+
+
+def _codec(label: str | None) -> str | None:
+    if not label:
+        return None
+    key = label.strip().lower()
+    try:
+        name = codecs.lookup(_LABEL_ALIASES.get(key, key)).name
+    except LookupError:
+        return None
+    # A UTF-16 label on bytes we could read as ASCII is a lie (WHATWG: use UTF-8).
+    return "utf-8" if name.startswith("utf-16") else name
+
+
+def detect_interstitial(title: str, text: str, html: str) -> str | None:
+    """The tell-tale phrase if this looks like a block/CAPTCHA/"enable JavaScript" page."""
+    if len(text) > _INTERSTITIAL_MAX_CHARS:
+        return None
+    match = _INTERSTITIAL.search(f"{title}\n{text}") or _CHALLENGE_MARKUP.search(html[:200_000])
+    return match.group(0).lower() if match else None
+
+
+def _extract_html(html: str, url: str) -> tuple[str, _Meta]:
+    # Plain text for chunking; precision over recall because boilerplate in a context
+    # bundle costs tokens and misleads citations; comments are not the source's claims;
+    # tables stay, as they often carry the facts a research question is after.
+    try:
+        doc = trafilatura.bare_extraction(
+            html,
+            url=url,
+            with_metadata=True,
+            favor_precision=True,
+            include_comments=False,
+            include_tables=True,
+            include_links=False,
+            include_images=False,
+        )
+    except Exception as exc:  # lxml and trafilatura raise assorted errors on odd markup
+        raise ExtractionError(url, f"extractor failed: {type(exc).__name__}: {exc}") from exc
+    if doc is None or isinstance(doc, dict):
+        title = _TITLE.search(html[:65536])
+        return "", _Meta(title=title.group(1).strip() if title else "")
+    meta = _Meta(
+        title=(doc.title or "").strip(),
+        site=(doc.sitename or "").strip(),
+        author=doc.author or None,
+        published=_iso_date(doc.date),
+    )
+    return (doc.text or "").strip(), meta
+
+
+def _iso_date(value: str | None) -> str | None:
+    try:
+        return date.fromisoformat(value[:10]).isoformat() if value else None
+    except ValueError:
+        return None
+
+
+def _call_with_timeout(func: Callable[[], T], timeout_s: float, url: str) -> T:
+    """`func()` in a daemon thread; ExtractionError if it has not returned after `timeout_s`.
+
+    Python cannot kill a thread: on timeout the extraction keeps running (and using CPU)
+    until it finishes on its own. The input is capped by FetchSettings.max_bytes, which
+    bounds that work, and the Celery task's hard time limit is the last backstop.
+    """
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(func())
+        except BaseException as exc:  # handed to the caller below
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="webctx-extract").start()
+    try:
+        return future.result(timeout=timeout_s)
+    except TimeoutError as exc:
+        raise ExtractionError(url, f"extraction took over {timeout_s}s") from exc
