@@ -10,7 +10,7 @@ from webctx.settings import get_settings
 
 _settings = get_settings()
 
-broker_url = _settings.broker_url or "memory://"
+broker_url = _settings.broker_url or "memory://localhost/"
 result_backend = _settings.result_backend or (
     _settings.broker_url if _settings.broker_url and _settings.broker_url.startswith("redis") else
     "cache+memory://"

@@ -77,10 +77,10 @@ def search(self: Task[Any, Any], job_id: str, query_idx: int) -> str:
     if not jobs.is_done(job_id, "search", str(query_idx)):
         jobs.mark_stage(job_id, "search", start=True)
         query = queries[query_idx]
+        # Each query alone should be able to fill the job's sources.
+        limit = max(deps.settings.search_results_per_query, jobs.request(job_id).max_sources)
         try:
-            results = search_query(
-                deps.search, query, limit=deps.settings.search_results_per_query
-            )
+            results = search_query(deps.search, query, limit=limit)
         except TransientError as exc:
             if _can_retry(self):
                 _retry(self, exc)

@@ -1,0 +1,117 @@
+"""Shared fixtures: the machine's Redis (a dedicated db, flushed per test), the loopback
+test web, and `webctx` subprocesses (workers and the CLI) with a clean environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.testweb import LoopbackWeb, start_test_web
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_HOST = os.environ.get("WEBCTX_TEST_REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("WEBCTX_TEST_REDIS_PORT", "6379"))
+REDIS_DB = int(os.environ.get("WEBCTX_TEST_REDIS_DB", "11"))
+
+
+def redis_url(db: int = REDIS_DB) -> str:
+    """URL of the test database on the machine's Redis."""
+    return f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    """A real Redis connection to the test db, flushed before and after the test."""
+    client = redis.Redis.from_url(redis_url(), decode_responses=True)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.fail(f"no Redis at {redis_url()}: run scripts/ensure-redis (make test does)")
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def test_web() -> Iterator[LoopbackWeb]:
+    """The loopback web shared by the integration tests."""
+    web = start_test_web()
+    yield web
+    web.stop()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without webctx/Celery/OpenAI settings, plus `extra`."""
+    prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """A `webctx worker` subprocess; stopped with SIGTERM (or killed) at the end."""
+
+    def __init__(self, env: dict[str, str], *args: str, log: Path) -> None:
+        self.log = log
+        cmd = [sys.executable, "-m", "api.cli", "worker", "--loglevel", "INFO", *args]
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the worker logs that it is ready."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {self.log.read_text()[-3000:]}")
+            if b"ready." in self.log.read_bytes():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM (warm shutdown), then SIGKILL the whole process group if needed."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self._fh.close()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[object]:
+    """Factory: start `webctx worker` subprocesses that are stopped after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(env: dict[str, str], *args: str) -> WorkerProcess:
+        worker = WorkerProcess(env, *args, log=tmp_path / f"worker-{len(started)}.log")
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def run_cli(env: dict[str, str], *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run `webctx ARGS` in a subprocess and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *args],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False,
+    )

@@ -1,0 +1,185 @@
+"""A research job end to end: real Celery workers, real Redis, the Qdrant engine, the
+openai client, trafilatura and httpx, against the loopback test web."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import redis
+
+from tests.conftest import clean_env, redis_url, run_cli
+from tests.testweb import HOSTILE, TRAP_QUESTION, LoopbackWeb
+from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.models import Bundle, Download
+from webctx.stages.fetch import extract_page
+
+QUESTION = "how do lithium-ion batteries degrade?"
+
+
+def _assert_grounded(bundle: Bundle, web: LoopbackWeb) -> None:
+    """Every source is on the test web and every chunk sits at its offsets in the page."""
+    assert bundle.schema_version == 1
+    assert bundle.chunks, "bundle has no chunks"
+    assert sum(c.tokens for c in bundle.chunks) <= 1500
+    ids = {s.id for s in bundle.sources}
+    assert ids == set(range(1, len(bundle.sources) + 1))
+    for source in bundle.sources:
+        assert source.url.startswith(web.site.url)
+        resp = httpx.get(source.final_url, timeout=10)
+        assert resp.status_code == 200
+        page = extract_page(
+            Download(url=source.url, final_url=source.final_url, status=200,
+                     content_type=resp.headers["content-type"], body=resp.content)
+        )
+        assert page.content_sha256 == source.content_sha256
+        for chunk in (c for c in bundle.chunks if c.source == source.id):
+            assert page.text[chunk.start : chunk.end] == chunk.text
+            assert chunk.text in page.text
+    assert [c.score for c in bundle.chunks] == sorted((c.score for c in bundle.chunks), reverse=True)
+
+
+def _assert_failures_recorded(bundle: Bundle, web: LoopbackWeb) -> None:
+    failed = {f.url.removeprefix(web.site.url): f for f in bundle.failures}
+    for path in HOSTILE:
+        assert path in failed, f"{path} not reported as failed: {sorted(failed)}"
+    assert failed["/trap/missing.html"].reason == "http_status"
+    assert failed["/trap/huge.html"].reason == "too_large"
+    assert failed["/trap/slow.html"].reason == "timeout"
+    assert failed["/trap/report.pdf"].reason == "unsupported_content"
+    assert bundle.stats.failed >= len(HOSTILE)
+
+
+def test_research_embedded_default_returns_grounded_bundle(test_web: LoopbackWeb, tmp_path: Path) -> None:
+    env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
+    done = run_cli(env, "research", QUESTION, "--format", "json", "--max-sources", "20",
+                   "--top-k", "10", "--token-budget", "1500")
+    assert done.returncode == 0, done.stderr[-3000:]
+    bundle = Bundle.model_validate_json(done.stdout)
+    _assert_grounded(bundle, test_web)
+    _assert_failures_recorded(bundle, test_web)
+    assert bundle.stats.fetched >= 10
+    assert bundle.stats.embed_requests >= 1 and bundle.stats.tokens_embedded > 0
+    assert "fetched" in done.stderr  # progress lines on a non-TTY stderr
+
+
+def test_research_broker_mode_runs_on_separate_worker_processes(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
+) -> None:
+    env = clean_env(
+        **test_web.env(),
+        CELERY_BROKER_URL=redis_url(),
+        WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"),
+    )
+    # Search/fetch and embed/rank on different processes: only the latter opens the store.
+    start_worker(env, "-Q", "search,fetch", "-n", "io@%h")
+    start_worker(env, "-Q", "embed,rank", "-n", "vec@%h")
+    done = run_cli(env, "research", QUESTION, "--format", "json", "--max-sources", "20",
+                   "--top-k", "10", "--token-budget", "1500")
+    assert done.returncode == 0, done.stderr[-3000:]
+    bundle = Bundle.model_validate_json(done.stdout)
+    _assert_grounded(bundle, test_web)
+    _assert_failures_recorded(bundle, test_web)
+
+
+def test_research_no_wait_prints_job_id_then_bundle_is_retrievable(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
+) -> None:
+    env = clean_env(
+        **test_web.env(), CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q")
+    )
+    start_worker(env)
+    done = run_cli(env, "research", QUESTION, "--no-wait", "--max-sources", "12")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    assert len(job_id) == 32
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        shown = run_cli(env, "bundle", job_id, "--format", "markdown")
+        if shown.returncode == 0:
+            break
+        time.sleep(0.5)
+    assert shown.returncode == 0, shown.stderr
+    assert "[1]" in shown.stdout and QUESTION in shown.stdout
+
+
+def test_job_whose_sources_all_fail_ends_failed_with_failures_listed(
+    test_web: LoopbackWeb, tmp_path: Path
+) -> None:
+    env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
+    started = time.monotonic()
+    done = run_cli(env, "research", TRAP_QUESTION, "--max-sources", "10")
+    assert done.returncode == 1
+    assert time.monotonic() - started < 60
+    bundle = Bundle.model_validate_json(done.stdout)
+    assert bundle.chunks == [] and bundle.sources == []
+    assert {f.url.removeprefix(test_web.site.url) for f in bundle.failures} == set(HOSTILE)
+    assert f"all {len(HOSTILE)} sources failed" in done.stderr
+
+
+def test_invalid_request_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    env = clean_env(WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
+    done = run_cli(env, "research", "   ", "--max-sources", "0")
+    assert done.returncode == 2
+    assert "invalid request" in done.stderr and "max_sources" in done.stderr
+    assert not (tmp_path / "qdrant").exists()
+
+
+def test_status_reports_progress_counts_in_broker_mode(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
+) -> None:
+    env = clean_env(
+        **test_web.env(), CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q")
+    )
+    start_worker(env)
+    job_id = run_cli(env, "research", QUESTION, "--no-wait", "--max-sources", "8").stdout.strip()
+    waited = run_cli(env, "research", QUESTION, "--max-sources", "8")  # a second job, waited on
+    assert waited.returncode == 0, waited.stderr[-2000:]
+    status = json.loads(run_cli(env, "status", job_id).stdout)
+    assert status["status"] == "succeeded"
+    assert status["urls"] == 8 and status["fetched"] + status["failed"] >= 8
+
+
+def test_rerunning_embed_of_a_page_adds_no_point(test_web: LoopbackWeb, tmp_path: Path) -> None:
+    env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
+    first = run_cli(env, "research", QUESTION, "--max-sources", "6")
+    assert first.returncode == 0, first.stderr[-3000:]
+    store = EdgeVectorStore(tmp_path / "qdrant")
+    before = store.count()
+    store.close()
+    assert before > 0
+    # The same job again re-embeds and re-upserts every page: ids are content-derived.
+    second = run_cli(env, "research", QUESTION, "--max-sources", "6")
+    assert second.returncode == 0, second.stderr[-3000:]
+    store = EdgeVectorStore(tmp_path / "qdrant")
+    assert store.count() == before
+    store.close()
+
+
+def test_embed_task_retried_after_provider_errors_completes_without_duplicates(
+    test_web: LoopbackWeb, tmp_path: Path
+) -> None:
+    clean = run_cli(
+        clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "clean")),
+        "research", QUESTION, "--max-sources", "6",
+    )
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    # One attempt per request inside the task, so each 500 becomes a Celery retry.
+    test_web.embeddings_control.fail_next(3, status=500)
+    flaky = run_cli(
+        clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "flaky"),
+                  WEBCTX_EMBED__MAX_ATTEMPTS="1"),
+        "research", QUESTION, "--max-sources", "6",
+    )
+    assert flaky.returncode == 0, flaky.stderr[-3000:]
+    counts = []
+    for name in ("clean", "flaky"):
+        store = EdgeVectorStore(tmp_path / name)
+        counts.append(store.count())
+        store.close()
+    assert counts[0] == counts[1] > 0
+    a, b = (Bundle.model_validate_json(x.stdout) for x in (clean, flaky))
+    assert [c.text for c in a.chunks] == [c.text for c in b.chunks]

@@ -1,0 +1,90 @@
+"""The loopback test web: the demo corpus plus hostile pages, a SearxNG-compatible search
+over all of it, and an OpenAI-compatible embeddings endpoint with real rate limits."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import trafilatura
+
+from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.demo.web import load_corpus
+from webctx.devweb.embeddings import EmbeddingsControl, embeddings_control, make_embeddings_app
+from webctx.devweb.searxng import SearchDoc, make_searxng_app
+from webctx.devweb.server import LoopbackServer
+from webctx.devweb.site import SitePage, huge_page, make_site_app
+
+MODEL = "hash-embedding"
+TOPIC = (
+    "Lithium-ion batteries degrade through SEI growth, lithium plating and cathode cracking; "
+    "how battery degradation depends on temperature and fast charging. zqxv trapdoor."
+)
+# A question only the hostile pages answer: every source of its job fails.
+TRAP_QUESTION = "zqxv trapdoor"
+
+# path -> (page, title) of pages that must fail, each with a different outcome.
+HOSTILE: dict[str, tuple[SitePage, str]] = {
+    "/trap/slow.html": (SitePage(body="<html>late</html>", delay_s=30.0), "Battery degradation (slow)"),
+    "/trap/missing.html": (SitePage(body="gone", status=404), "Battery degradation (404)"),
+    "/trap/error.html": (SitePage(body="oops", status=500), "Battery degradation (500)"),
+    "/trap/huge.html": (huge_page(50_000_000), "Battery degradation (huge)"),
+    "/trap/report.pdf": (
+        SitePage(body=b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n", content_type="application/pdf"),
+        "Battery degradation report (PDF)",
+    ),
+}
+
+
+@dataclass
+class LoopbackWeb:
+    """Site, search and embeddings servers on loopback, with their hit counters."""
+
+    site: LoopbackServer
+    search: LoopbackServer
+    embeddings: LoopbackServer
+    hits: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def embeddings_control(self) -> EmbeddingsControl:
+        """Stats and fault injection of the embeddings server."""
+        return embeddings_control(self.embeddings.app)  # type: ignore[arg-type]
+
+    def env(self) -> dict[str, str]:
+        """Environment pointing webctx at this web."""
+        return {
+            "WEBCTX_SEARCH_PROVIDER": "searxng",
+            "WEBCTX_SEARXNG_URL": self.search.url,
+            "OPENAI_BASE_URL": self.embeddings.url + "/v1",
+            "OPENAI_API_KEY": "test-key",
+            "WEBCTX_EMBEDDING_MODEL": MODEL,
+            "WEBCTX_ALLOWED_NETWORKS": "127.0.0.1/32",
+            "WEBCTX_FETCH__TOTAL_TIMEOUT_S": "3",
+            "WEBCTX_FETCH__READ_TIMEOUT_S": "2",
+            "WEBCTX_FETCH__MAX_BYTES": "2000000",
+        }
+
+    def stop(self) -> None:
+        """Stop all three servers."""
+        for server in (self.site, self.search, self.embeddings):
+            server.stop()
+
+
+def start_test_web(*, rpm: int | None = 600, tpm: int | None = 2_000_000) -> LoopbackWeb:
+    """Start the three servers; hostile pages rank high for battery questions."""
+    corpus = load_corpus()
+    pages = {p.path: SitePage(body=p.html) for p in corpus}
+    pages.update({path: page for path, (page, _) in HOSTILE.items()})
+    hits: collections.Counter[str] = collections.Counter()
+    site = LoopbackServer(make_site_app(pages, hits=hits)).start()
+    docs = [
+        SearchDoc(site.url + p.path, p.title, trafilatura.extract(p.html, include_comments=False) or "", p.published)
+        for p in corpus
+    ]
+    docs += [SearchDoc(site.url + path, title, TOPIC) for path, (_, title) in HOSTILE.items()]
+    search = LoopbackServer(make_searxng_app(docs)).start()
+    embed = HashEmbedder(model=MODEL).embed
+    embeddings = LoopbackServer(
+        make_embeddings_app(embed, model=MODEL, rpm=rpm, tpm=tpm, window_s=10.0)
+    ).start()
+    return LoopbackWeb(site=site, search=search, embeddings=embeddings, hits=hits)
