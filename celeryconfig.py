@@ -4,7 +4,7 @@ With no broker configured the app runs on kombu's in-memory transport inside the
 `webctx research` process (the embedded default).
 """
 
-from kombu import Queue
+from kombu.entity import Exchange, Queue
 
 from webctx.settings import get_settings
 
@@ -12,8 +12,9 @@ _settings = get_settings()
 
 broker_url = _settings.broker_url or "memory://localhost/"
 result_backend = _settings.result_backend or (
-    _settings.broker_url if _settings.broker_url and _settings.broker_url.startswith("redis") else
-    "cache+memory://"
+    _settings.broker_url
+    if _settings.broker_url and _settings.broker_url.startswith("redis")
+    else "cache+memory://"
 )
 
 # Tasks are idempotent, so they ack late and are redelivered when a worker dies (TRAPS 1).
@@ -37,8 +38,14 @@ result_serializer = "json"
 accept_content = ["json"]
 
 # One queue per stage, so each can be scaled alone.
+STAGE_QUEUES = ("search", "fetch", "embed", "rank")
 task_default_queue = "search"
-task_queues = [Queue("search"), Queue("fetch"), Queue("embed"), Queue("rank")]
+task_default_exchange = "search"
+task_default_routing_key = "search"
+# Each queue gets its own exchange and routing key: bare Queue(name) objects would all
+# bind to the default exchange with the default key, and every message would be
+# delivered to every queue.
+task_queues = [Queue(name, Exchange(name), routing_key=name) for name in STAGE_QUEUES]
 task_routes = {
     "webctx.plan": {"queue": "search"},
     "webctx.search": {"queue": "search"},
