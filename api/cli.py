@@ -31,9 +31,17 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _request(question: str, **knobs: int) -> JobRequest:
+def _request(
+    question: str, *, max_sources: int, top_k: int, token_budget: int, max_queries: int
+) -> JobRequest:
     try:
-        return JobRequest(question=question, **knobs)
+        return JobRequest(
+            question=question,
+            max_sources=max_sources,
+            top_k=top_k,
+            token_budget=token_budget,
+            max_queries=max_queries,
+        )
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
@@ -66,7 +74,10 @@ def research(
     from workers.pipeline import submit_job
 
     request = _request(
-        question, max_sources=max_sources, top_k=top_k, token_budget=token_budget,
+        question,
+        max_sources=max_sources,
+        top_k=top_k,
+        token_budget=token_budget,
         max_queries=max_queries,
     )
     settings = get_settings()
@@ -74,8 +85,10 @@ def research(
     try:
         if settings.embedded:
             if no_wait:
-                raise _fail("--no-wait needs a broker (CELERY_BROKER_URL); embedded jobs "
-                            "live only as long as this command")
+                raise _fail(
+                    "--no-wait needs a broker (CELERY_BROKER_URL); embedded jobs "
+                    "live only as long as this command"
+                )
             from workers.embedded import embedded_worker
 
             with embedded_worker(settings) as deps:
@@ -173,4 +186,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -38,7 +38,9 @@ def wait_for_job(
     deadline = time.monotonic() + timeout_s
     if stream.isatty():
         console = Console(file=stream)
-        with Live(Text("starting…"), console=console, transient=False, refresh_per_second=8) as live:
+        with Live(
+            Text("starting…"), console=console, transient=False, refresh_per_second=8
+        ) as live:
             return _loop(poll, deadline, interval_s, lambda line: live.update(Text(line)))
     last = [""]
 

@@ -66,7 +66,11 @@ class WorkerProcess:
         cmd = [sys.executable, "-m", "api.cli", "worker", "--loglevel", "INFO", *args]
         self._fh = log.open("wb")
         self.proc = subprocess.Popen(
-            cmd, env=env, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT,
+            cmd,
+            env=env,
+            cwd=ROOT,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -109,9 +113,16 @@ def start_worker(tmp_path: Path) -> Iterator[object]:
         worker.stop()
 
 
-def run_cli(env: dict[str, str], *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    env: dict[str, str], *args: str, timeout_s: float = 180
+) -> subprocess.CompletedProcess[str]:
     """Run `webctx ARGS` in a subprocess and capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "api.cli", *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )

@@ -25,7 +25,10 @@ TRAP_QUESTION = "zqxv trapdoor"
 
 # path -> (page, title) of pages that must fail, each with a different outcome.
 HOSTILE: dict[str, tuple[SitePage, str]] = {
-    "/trap/slow.html": (SitePage(body="<html>late</html>", delay_s=30.0), "Battery degradation (slow)"),
+    "/trap/slow.html": (
+        SitePage(body="<html>late</html>", delay_s=30.0),
+        "Battery degradation (slow)",
+    ),
     "/trap/missing.html": (SitePage(body="gone", status=404), "Battery degradation (404)"),
     "/trap/error.html": (SitePage(body="oops", status=500), "Battery degradation (500)"),
     "/trap/huge.html": (huge_page(50_000_000), "Battery degradation (huge)"),
@@ -78,7 +81,12 @@ def start_test_web(*, rpm: int | None = 600, tpm: int | None = 2_000_000) -> Loo
     hits: collections.Counter[str] = collections.Counter()
     site = LoopbackServer(make_site_app(pages, hits=hits)).start()
     docs = [
-        SearchDoc(site.url + p.path, p.title, trafilatura.extract(p.html, include_comments=False) or "", p.published)
+        SearchDoc(
+            site.url + p.path,
+            p.title,
+            trafilatura.extract(p.html, include_comments=False) or "",
+            p.published,
+        )
         for p in corpus
     ]
     docs += [SearchDoc(site.url + path, title, TOPIC) for path, (_, title) in HOSTILE.items()]

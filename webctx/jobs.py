@@ -75,14 +75,12 @@ class JobStore:
         job_id = job_id or uuid.uuid4().hex
         meta = self._k(job_id, "meta")
         pipe = self.r.pipeline()
-        pipe.hset(
-            meta,
-            mapping={
-                "request": request.model_dump_json(),
-                "status": JobStatus.QUEUED.value,
-                "created_at": f"{time.time():.3f}",
-            },
-        )
+        fields: dict[Any, Any] = {
+            "request": request.model_dump_json(),
+            "status": JobStatus.QUEUED.value,
+            "created_at": f"{time.time():.3f}",
+        }
+        pipe.hset(meta, mapping=fields)
         self._expire(pipe, meta)
         pipe.execute()
         return job_id
@@ -111,7 +109,7 @@ class JobStore:
         current = self.r.hget(meta, "status")
         if current in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             return
-        mapping = {"status": status.value}
+        mapping: dict[Any, Any] = {"status": status.value}
         if error:
             mapping["error"] = error
         if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
@@ -158,7 +156,7 @@ class JobStore:
         pipe = self.r.pipeline()
         pipe.delete(key)
         if mapping:
-            pipe.hset(key, mapping=mapping)
+            pipe.hset(key, mapping=cast(dict[Any, Any], mapping))
         self._expire(pipe, key)
         pipe.execute()
         return mapping
@@ -291,7 +289,7 @@ class JobStore:
 
     def done_count(self, job_id: str, step: Step) -> int:
         """How many items of `step` are complete."""
-        return int(cast(int, self.r.scard(self._k(job_id, f"done:{step}"))))
+        return int(self.r.scard(self._k(job_id, f"done:{step}")))
 
     # -- bundle and progress ----------------------------------------------------------------
     def save_bundle(self, job_id: str, bundle: Bundle) -> bool:
@@ -315,9 +313,9 @@ class JobStore:
             error=meta.get("error"),
             queries=len(json.loads(meta["queries"])) if "queries" in meta else 0,
             searched=self.done_count(job_id, "search"),
-            urls=int(cast(int, self.r.hlen(self._k(job_id, "urls")))),
-            fetched=int(cast(int, self.r.hlen(self._k(job_id, "pages")))),
-            failed=int(cast(int, self.r.hlen(self._k(job_id, "failures")))),
+            urls=int(self.r.hlen(self._k(job_id, "urls"))),
+            fetched=int(self.r.hlen(self._k(job_id, "pages"))),
+            failed=int(self.r.hlen(self._k(job_id, "failures"))),
             embedded=self.done_count(job_id, "embed"),
             counters=self.counters(job_id),
         )

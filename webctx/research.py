@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from webctx.models import Bundle, BundleStats, Failure, Page, ScoredChunk
@@ -31,7 +31,6 @@ def index_page(
     store: VectorStore,
     chunking: ChunkSettings,
     embedding: EmbedSettings,
-    sleep: Callable[[float], None] | None = None,
 ) -> IndexOutcome:
     """Chunk a page, embed its chunks and upsert them (idempotent by point id)."""
     chunks = chunk_page(
@@ -39,7 +38,6 @@ def index_page(
     )
     if not chunks:
         return IndexOutcome(chunks=0, requests=0, tokens=0)
-    kwargs = {} if sleep is None else {"sleep": sleep}
     outcome = embed_texts(
         [c.text for c in chunks],
         embedder,
@@ -47,7 +45,6 @@ def index_page(
         max_tokens_per_request=embedding.max_tokens_per_request,
         max_input_tokens=embedding.max_input_tokens,
         max_attempts=embedding.max_attempts,
-        **kwargs,
     )
     points = make_points(chunks, outcome.vectors, url=page.final_url, model=embedder.model)
     store_chunks(store, points)

@@ -50,13 +50,15 @@ def state_client(settings: Settings) -> redis.Redis:
     """The Redis client of the job store: the configured server, or an in-process one."""
     url = settings.state_url()
     if not url and not settings.embedded:
-        raise ConfigError(
-            "a broker other than Redis needs a Redis job store: set WEBCTX_REDIS_URL"
-        )
+        raise ConfigError("a broker other than Redis needs a Redis job store: set WEBCTX_REDIS_URL")
     if url:
         return redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=30, socket_connect_timeout=10,
-            health_check_interval=30, retry_on_timeout=True,
+            url,
+            decode_responses=True,
+            socket_timeout=30,
+            socket_connect_timeout=10,
+            health_check_interval=30,
+            retry_on_timeout=True,
         )
     global _fake_server
     if _fake_server is None:

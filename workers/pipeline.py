@@ -47,9 +47,7 @@ def start_fetches(jobs: JobStore, job_id: str) -> None:
     )
     chosen = [r.url for r in merged[: request.max_sources]]
     if not chosen:
-        jobs.set_status(
-            job_id, JobStatus.FAILED, error=_no_results_error(jobs.failures(job_id))
-        )
+        jobs.set_status(job_id, JobStatus.FAILED, error=_no_results_error(jobs.failures(job_id)))
         return
     url_ids = jobs.set_urls(job_id, chosen)
     jobs.add_counts(job_id, results=len(merged))

@@ -27,7 +27,7 @@ MAX_RETRIES = 5
 def _retry(task: Task[Any, Any], exc: TransientError) -> NoReturn:
     """Retry later, after the provider's retry-after when it gave one (plus jitter)."""
     base = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else 2.0
-    countdown = min(base * (2 ** task.request.retries if base == 2.0 else 1), 60.0)
+    countdown = min(base * (2**task.request.retries if base == 2.0 else 1), 60.0)
     raise task.retry(exc=exc, countdown=countdown + random.uniform(0, 0.5 * countdown))
 
 
@@ -35,8 +35,8 @@ def _can_retry(task: Task[Any, Any]) -> bool:
     return bool(task.request.retries < MAX_RETRIES)
 
 
-@app.task(name="webctx.plan", bind=True, acks_late=True)
-def plan(self: Task[Any, Any], job_id: str) -> str:
+@app.task(name="webctx.plan", acks_late=True)
+def plan(job_id: str) -> str:
     """Turn the question into search queries and fan out one search per query."""
     deps = worker_deps()
     jobs = deps.jobs
@@ -96,8 +96,8 @@ def search(self: Task[Any, Any], job_id: str, query_idx: int) -> str:
     return job_id
 
 
-@app.task(name="webctx.fetch", bind=True, acks_late=True)
-def fetch(self: Task[Any, Any], job_id: str, url_id: str) -> str:
+@app.task(name="webctx.fetch", acks_late=True)
+def fetch(job_id: str, url_id: str) -> str:
     """Download and extract one page; hand it to the embed queue, or record the failure."""
     deps = worker_deps()
     jobs = deps.jobs
@@ -179,9 +179,16 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
         return job_id
     try:
         bundle = answer_question(
-            job_id=job_id, question=request.question, queries=queries, pages=pages,
-            failures=failures, stats=stats, embedder=deps.embedder, store=deps.store,
-            top_k=request.top_k, token_budget=request.token_budget,
+            job_id=job_id,
+            question=request.question,
+            queries=queries,
+            pages=pages,
+            failures=failures,
+            stats=stats,
+            embedder=deps.embedder,
+            store=deps.store,
+            top_k=request.top_k,
+            token_budget=request.token_budget,
             embedding=deps.settings.embed,
         )
     except TransientError as exc:
@@ -237,8 +244,13 @@ def _finish_failed(
 ) -> None:
     jobs = deps.jobs
     bundle = build_bundle(
-        job_id=job_id, question=question, queries=queries, pages={}, ranked=[],
-        failures=failures, stats=stats,
+        job_id=job_id,
+        question=question,
+        queries=queries,
+        pages={},
+        ranked=[],
+        failures=failures,
+        stats=stats,
     )
     jobs.save_bundle(job_id, bundle)
     if force and not failures:

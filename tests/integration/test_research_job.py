@@ -31,14 +31,21 @@ def _assert_grounded(bundle: Bundle, web: LoopbackWeb) -> None:
         resp = httpx.get(source.final_url, timeout=10)
         assert resp.status_code == 200
         page = extract_page(
-            Download(url=source.url, final_url=source.final_url, status=200,
-                     content_type=resp.headers["content-type"], body=resp.content)
+            Download(
+                url=source.url,
+                final_url=source.final_url,
+                status=200,
+                content_type=resp.headers["content-type"],
+                body=resp.content,
+            )
         )
         assert page.content_sha256 == source.content_sha256
         for chunk in (c for c in bundle.chunks if c.source == source.id):
             assert page.text[chunk.start : chunk.end] == chunk.text
             assert chunk.text in page.text
-    assert [c.score for c in bundle.chunks] == sorted((c.score for c in bundle.chunks), reverse=True)
+    assert [c.score for c in bundle.chunks] == sorted(
+        (c.score for c in bundle.chunks), reverse=True
+    )
 
 
 def _assert_failures_recorded(bundle: Bundle, web: LoopbackWeb) -> None:
@@ -52,10 +59,23 @@ def _assert_failures_recorded(bundle: Bundle, web: LoopbackWeb) -> None:
     assert bundle.stats.failed >= len(HOSTILE)
 
 
-def test_research_embedded_default_returns_grounded_bundle(test_web: LoopbackWeb, tmp_path: Path) -> None:
+def test_research_embedded_default_returns_grounded_bundle(
+    test_web: LoopbackWeb, tmp_path: Path
+) -> None:
     env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
-    done = run_cli(env, "research", QUESTION, "--format", "json", "--max-sources", "20",
-                   "--top-k", "10", "--token-budget", "1500")
+    done = run_cli(
+        env,
+        "research",
+        QUESTION,
+        "--format",
+        "json",
+        "--max-sources",
+        "20",
+        "--top-k",
+        "10",
+        "--token-budget",
+        "1500",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     bundle = Bundle.model_validate_json(done.stdout)
     _assert_grounded(bundle, test_web)
@@ -76,8 +96,19 @@ def test_research_broker_mode_runs_on_separate_worker_processes(
     # Search/fetch and embed/rank on different processes: only the latter opens the store.
     start_worker(env, "-Q", "search,fetch", "-n", "io@%h")
     start_worker(env, "-Q", "embed,rank", "-n", "vec@%h")
-    done = run_cli(env, "research", QUESTION, "--format", "json", "--max-sources", "20",
-                   "--top-k", "10", "--token-budget", "1500")
+    done = run_cli(
+        env,
+        "research",
+        QUESTION,
+        "--format",
+        "json",
+        "--max-sources",
+        "20",
+        "--top-k",
+        "10",
+        "--token-budget",
+        "1500",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     bundle = Bundle.model_validate_json(done.stdout)
     _assert_grounded(bundle, test_web)
@@ -164,15 +195,24 @@ def test_embed_task_retried_after_provider_errors_completes_without_duplicates(
 ) -> None:
     clean = run_cli(
         clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "clean")),
-        "research", QUESTION, "--max-sources", "6",
+        "research",
+        QUESTION,
+        "--max-sources",
+        "6",
     )
     assert clean.returncode == 0, clean.stderr[-3000:]
     # One attempt per request inside the task, so each 500 becomes a Celery retry.
     test_web.embeddings_control.fail_next(3, status=500)
     flaky = run_cli(
-        clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "flaky"),
-                  WEBCTX_EMBED__MAX_ATTEMPTS="1"),
-        "research", QUESTION, "--max-sources", "6",
+        clean_env(
+            **test_web.env(),
+            WEBCTX_QDRANT_PATH=str(tmp_path / "flaky"),
+            WEBCTX_EMBED__MAX_ATTEMPTS="1",
+        ),
+        "research",
+        QUESTION,
+        "--max-sources",
+        "6",
     )
     assert flaky.returncode == 0, flaky.stderr[-3000:]
     counts = []

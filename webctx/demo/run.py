@@ -47,8 +47,19 @@ def run_demo(question: str, *, fmt: str = "markdown") -> int:
         env.update(web.env())
         env["WEBCTX_QDRANT_PATH"] = os.path.join(tmp, "qdrant")
         cmd = [
-            sys.executable, "-m", "api.cli", "research", question, "--format", "json",
-            "--max-sources", "8", "--top-k", "8", "--token-budget", "1500",
+            sys.executable,
+            "-m",
+            "api.cli",
+            "research",
+            question,
+            "--format",
+            "json",
+            "--max-sources",
+            "8",
+            "--top-k",
+            "8",
+            "--token-budget",
+            "1500",
         ]
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=False)
         if done.returncode != 0 or not done.stdout.strip():
