@@ -1,0 +1,313 @@
+"""One contract for every VectorStore adapter, plus the store stage and edge-only behaviour."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from qdrant_client import QdrantClient
+
+from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.adapters.memory_store import MemoryVectorStore
+from webctx.adapters.qdrant_store import QdrantVectorStore
+from webctx.errors import ConfigError, ProviderError, ProviderUnavailable
+from webctx.models import Chunk, StoredChunk
+from webctx.ports import VectorStore
+from webctx.stages.store import make_points, point_id, store_chunks
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "test-embedding"
+ADAPTERS = ["memory", "edge", "qdrant-memory", "qdrant-path"]
+
+
+def sha(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def make_chunks(page: str, n: int) -> list[Chunk]:
+    return [
+        Chunk(
+            content_sha256=sha(page),
+            index=i,
+            start=i * 10,
+            end=i * 10 + 10,
+            text=f"{page} chunk {i} – ünïcode",
+            tokens=3,
+        )
+        for i in range(n)
+    ]
+
+
+def page_points(page: str, vectors: Sequence[Sequence[float]]) -> list[StoredChunk]:
+    return make_points(
+        make_chunks(page, len(vectors)), vectors, url=f"https://{page}.test/", model=MODEL
+    )
+
+
+def unit(vector: Sequence[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector]
+
+
+@pytest.fixture(params=ADAPTERS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[VectorStore]:
+    kind: str = request.param
+    if kind == "memory":
+        yield MemoryVectorStore()
+    elif kind == "edge":
+        edge = EdgeVectorStore(tmp_path / "edge")
+        yield edge
+        edge.close()
+    else:
+        client = (
+            QdrantClient(path=str(tmp_path / "local"))
+            if kind == "qdrant-path"
+            else QdrantClient(":memory:")
+        )
+        yield QdrantVectorStore(client, collection="chunks")
+        client.close()
+
+
+# Qdrant's local mode warns that payload indexes are no-ops there; servers use them.
+pytestmark = pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
+
+
+def test_empty_store_counts_zero_and_finds_nothing(store: VectorStore) -> None:
+    assert store.count() == 0
+    assert store.search([1.0, 0.0, 0.0], limit=5, content_sha256s=[sha("a")]) == []
+
+
+def test_search_orders_by_cosine_similarity(store: VectorStore) -> None:
+    store.upsert(page_points("a", [[0.0, 1.0, 0.0], [5.0, 0.1, 0.0], [1.0, 1.0, 0.0]]))
+    hits = store.search([2.0, 0.0, 0.0], limit=3, content_sha256s=[sha("a")])
+    assert [h.chunk.index for h in hits] == [1, 2, 0]
+    assert hits[0].score == pytest.approx(5.0 / math.hypot(5.0, 0.1), abs=1e-5)
+    assert hits[1].score == pytest.approx(math.sqrt(0.5), abs=1e-5)
+    assert hits[2].score == pytest.approx(0.0, abs=1e-5)
+
+
+def test_search_returns_at_most_limit(store: VectorStore) -> None:
+    store.upsert(page_points("a", [[1.0, float(i), 0.0] for i in range(6)]))
+    hits = store.search([1.0, 0.0, 0.0], limit=2, content_sha256s=[sha("a")])
+    assert [h.chunk.index for h in hits] == [0, 1]
+
+
+def test_search_only_returns_chunks_of_the_given_pages(store: VectorStore) -> None:
+    store.upsert(page_points("a", [[1.0, 0.0, 0.0]]))
+    store.upsert(page_points("b", [[0.9, 0.1, 0.0], [0.0, 1.0, 0.0]]))
+    store.upsert(page_points("c", [[1.0, 0.0, 0.0]]))
+    hits = store.search([1.0, 0.0, 0.0], limit=10, content_sha256s=[sha("b"), sha("c")])
+    assert sorted(h.chunk.content_sha256 for h in hits) == sorted([sha("b"), sha("b"), sha("c")])
+    assert store.search([1.0, 0.0, 0.0], limit=10, content_sha256s=[]) == []
+    assert store.search([1.0, 0.0, 0.0], limit=10, content_sha256s=[sha("zzz")]) == []
+
+
+def test_reupserting_the_same_chunks_adds_no_point(store: VectorStore) -> None:
+    vectors = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    store.upsert(page_points("a", vectors))
+    store.upsert(page_points("a", vectors))  # a retried task rebuilds the same points
+    assert store.count() == 2
+    assert len(store.search([1.0, 0.0, 0.0], limit=10, content_sha256s=[sha("a")])) == 2
+
+
+def test_upsert_overwrites_a_point_by_id(store: VectorStore) -> None:
+    store.upsert(page_points("a", [[1.0, 0.0, 0.0]]))
+    store.upsert(page_points("a", [[0.0, 0.0, 1.0]]))
+    (hit,) = store.search([0.0, 0.0, 1.0], limit=5, content_sha256s=[sha("a")])
+    assert hit.score == pytest.approx(1.0, abs=1e-5)
+    assert store.count() == 1
+
+
+def test_payload_and_vector_round_trip(store: VectorStore) -> None:
+    points = page_points("a", [[3.0, 4.0, 0.0]])
+    store.upsert(points)
+    (hit,) = store.search([3.0, 4.0, 0.0], limit=1, content_sha256s=[sha("a")])
+    assert hit.chunk == points[0].chunk
+    assert hit.url == "https://a.test/"
+    # Cosine stores are normalised, as Qdrant does: the vector comes back with length 1.
+    assert hit.vector == pytest.approx(unit([3.0, 4.0, 0.0]), abs=1e-6)
+
+
+def test_dimension_is_learned_at_first_upsert(store: VectorStore) -> None:
+    store.upsert(page_points("a", [[0.1] * 7]))
+    assert store.search([0.1] * 7, limit=1, content_sha256s=[sha("a")])[0].score == pytest.approx(
+        1.0, abs=1e-5
+    )
+    with pytest.raises(ProviderError):
+        store.upsert(page_points("b", [[0.1] * 5]))
+
+
+def test_store_chunks_writes_in_batches(store: VectorStore) -> None:
+    points = page_points("a", [[1.0, float(i), 0.0] for i in range(7)])
+    assert store_chunks(store, points, batch_size=3) == 7
+    assert store.count() == 7
+
+
+# --- the store stage -------------------------------------------------------------------------
+
+
+def test_point_id_is_a_stable_uuid5_of_content_offsets_and_model() -> None:
+    first = point_id(sha("a"), 0, 10, MODEL)
+    assert first == point_id(sha("a"), 0, 10, MODEL)
+    assert first[14] == "5"  # UUID version nibble
+    others = {
+        point_id(sha("b"), 0, 10, MODEL),
+        point_id(sha("a"), 0, 11, MODEL),
+        point_id(sha("a"), 1, 10, MODEL),
+        point_id(sha("a"), 0, 10, "other-model"),
+    }
+    assert first not in others and len(others) == 4
+
+
+def test_make_points_refuses_mismatched_lengths() -> None:
+    with pytest.raises(ValueError, match="2 chunks but 1 vectors"):
+        make_points(make_chunks("a", 2), [[1.0]], url="https://a.test/", model=MODEL)
+
+
+# --- qdrant-client specifics -----------------------------------------------------------------
+
+
+def test_qdrant_store_reports_an_unreachable_server_as_unavailable() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = QdrantClient(url=f"http://127.0.0.1:{port}", timeout=2, check_compatibility=False)
+    store = QdrantVectorStore(client, collection="chunks")
+    with pytest.raises(ProviderUnavailable):
+        store.upsert(page_points("a", [[1.0, 0.0]]))
+    with pytest.raises(ProviderUnavailable):
+        store.count()
+
+
+# --- qdrant-edge specifics -------------------------------------------------------------------
+
+OPEN_IN_CHILD = """
+import sys
+from pathlib import Path
+from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.errors import ConfigError
+try:
+    store = EdgeVectorStore(Path(sys.argv[1]))
+except ConfigError as exc:
+    print(exc)
+    sys.exit(3)
+print(store.count())
+store.close()
+"""
+
+
+def run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_edge_store_refuses_a_path_held_by_another_process(tmp_path: Path) -> None:
+    store = EdgeVectorStore(tmp_path)
+    store.upsert(page_points("a", [[1.0, 0.0]]))
+    held = run_child(OPEN_IN_CHILD, str(tmp_path))
+    assert held.returncode == 3, held.stderr
+    assert "is in use by another process" in held.stdout
+    assert "WEBCTX_QDRANT_URL" in held.stdout
+    store.close()
+    freed = run_child(OPEN_IN_CHILD, str(tmp_path))
+    assert (freed.returncode, freed.stdout.strip()) == (0, "1"), freed.stderr
+
+
+def test_edge_store_refuses_a_second_opener_in_the_same_process(tmp_path: Path) -> None:
+    with EdgeVectorStore(tmp_path), pytest.raises(ConfigError, match="in use"):
+        EdgeVectorStore(tmp_path)
+
+
+def test_edge_store_keeps_points_across_close_and_reopen(tmp_path: Path) -> None:
+    points = page_points("a", [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    with EdgeVectorStore(tmp_path) as store:
+        store.upsert(points)
+    with EdgeVectorStore(tmp_path) as store:
+        assert store.count() == 2
+        hits = store.search([0.0, 1.0, 0.0], limit=1, content_sha256s=[sha("a")])
+        assert hits[0].chunk == points[1].chunk  # the payload index came back too
+        with pytest.raises(ProviderError):  # the dimension persisted with the shard
+            store.upsert(page_points("b", [[1.0, 0.0]]))
+
+
+def test_edge_store_keeps_points_after_a_crash_without_close(tmp_path: Path) -> None:
+    crash = """
+import os, sys
+from pathlib import Path
+from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.stages.store import make_points
+from webctx.models import Chunk
+chunk = Chunk(content_sha256="ab", index=0, start=0, end=1, text="x", tokens=1)
+store = EdgeVectorStore(Path(sys.argv[1]))
+store.upsert(make_points([chunk], [[1.0, 0.0]], url="https://x.test/", model="m"))
+os._exit(0)  # no flush, no close: the write-ahead log must carry the point
+"""
+    assert run_child(crash, str(tmp_path)).returncode == 0
+    with EdgeVectorStore(tmp_path) as store:
+        assert store.count() == 1
+
+
+def test_edge_store_created_with_dimensions_refuses_other_sizes(tmp_path: Path) -> None:
+    with EdgeVectorStore(tmp_path, dimensions=4) as store:
+        assert store.count() == 0
+        with pytest.raises(ProviderError, match="dim"):
+            store.upsert(page_points("a", [[1.0, 0.0]]))
+
+
+def test_edge_store_is_safe_for_many_threads(tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for batch in range(10):
+                page = f"w{worker}-{batch}"
+                edge.upsert(page_points(page, [[1.0, float(worker), float(i)] for i in range(5)]))
+                assert len(edge.search([1.0, 0.0, 0.0], limit=3, content_sha256s=[sha(page)])) == 3
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    with EdgeVectorStore(tmp_path) as edge:
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert edge.count() == 8 * 10 * 5
+
+
+def test_edge_store_refuses_use_after_close(tmp_path: Path) -> None:
+    store = EdgeVectorStore(tmp_path)
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(ProviderError, match="closed"):
+        store.count()
+
+
+def test_edge_store_refuses_use_in_a_forked_child(tmp_path: Path) -> None:
+    with EdgeVectorStore(tmp_path) as store:
+        pid = os.fork()
+        if pid == 0:  # the child shares the parent's lock and engine: it must not write
+            try:
+                store.count()
+            except ConfigError:
+                os._exit(3)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+        assert store.count() == 0  # the parent still works

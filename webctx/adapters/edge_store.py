@@ -1,0 +1,178 @@
+"""A VectorStore on an embedded qdrant-edge shard in a local directory (single process).
+
+The shard is created at the first upsert, when the vector dimension becomes known, unless
+`dimensions` is given. One process at a time: an exclusive flock on a file in the directory
+turns a second opener into a ConfigError with a clear message (the engine's own WAL lock
+would fail later with "Can't init WAL: Kind(WouldBlock)").
+
+Open it in the process that uses it, after any fork (Celery: worker_process_init). The engine
+is safe to call from many threads: it synchronises internally, and holds the GIL while it
+works, so calls do not run in parallel; a lock guards only creation and close. Updates go
+through the shard's write-ahead log, so they survive a crash without flush().
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import qdrant_edge as qe
+
+from webctx.errors import ConfigError, ProviderError
+from webctx.models import ScoredChunk, StoredChunk
+from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
+
+PROVIDER = "qdrant-edge"
+LOCK_FILE = ".webctx.lock"
+_CONFIG_FILE = "edge_config.json"  # written by EdgeShard.create: its presence means "load"
+
+T = TypeVar("T")
+
+
+def _engine(call: Callable[[], T]) -> T:
+    """Run one engine call, turning its plain `Exception`s into ProviderError."""
+    try:
+        return call()
+    except Exception as exc:  # the engine raises bare Exception for every failure
+        raise ProviderError(PROVIDER, str(exc)) from exc
+
+
+def _lock_directory(path: Path) -> int:
+    """Take the exclusive lock of the shard directory, or raise ConfigError."""
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(
+            f"vector store {path} is in use by another process (pid {holder}); "
+            "use WEBCTX_QDRANT_URL for several worker processes"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _dense(vector: object) -> list[float]:
+    """The default dense vector of a returned point."""
+    if isinstance(vector, dict):  # named vectors: ours is the unnamed one
+        vector = vector.get("")
+    if not isinstance(vector, list):
+        raise ProviderError(PROVIDER, f"unexpected vector type {type(vector).__name__}")
+    return [float(x) for x in vector]
+
+
+class EdgeVectorStore:
+    """Points in a qdrant-edge shard at `path`, cosine distance, content_sha256 indexed."""
+
+    def __init__(self, path: Path, *, dimensions: int | None = None) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = _lock_directory(path)
+        self._pid = os.getpid()
+        self._guard = threading.Lock()
+        self._shard: qe.EdgeShard | None = None
+        try:
+            if (path / _CONFIG_FILE).exists():
+                self._shard = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
+            elif dimensions is not None:
+                self._shard = self._create(dimensions)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def upsert(self, points: Sequence[StoredChunk]) -> None:
+        """Insert or overwrite points by id; the first upsert fixes the dimension."""
+        if not points:
+            return
+        shard = self._current() or self._create_once(len(points[0].vector))
+        batch = [qe.Point(p.id, list(p.vector), point_payload(p)) for p in points]
+        _engine(lambda: shard.update(qe.UpdateOperation.upsert_points(batch)))
+
+    def search(
+        self, vector: Sequence[float], *, limit: int, content_sha256s: Sequence[str]
+    ) -> list[ScoredChunk]:
+        """Nearest chunks by cosine similarity among the given pages, with vectors."""
+        shard = self._current()
+        if shard is None or not content_sha256s or limit < 1:
+            return []
+        pages = qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(content_sha256s)))
+        request = qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest([float(x) for x in vector]),
+            filter=qe.Filter(must=[pages]),
+            with_payload=True,
+            with_vector=True,
+        )
+        hits = _engine(lambda: shard.query(request))
+        return [
+            scored_chunk(hit.payload or {}, score=hit.score, vector=_dense(hit.vector))
+            for hit in hits
+        ]
+
+    def count(self) -> int:
+        """Number of points held."""
+        shard = self._current()
+        if shard is None:
+            return 0
+        return _engine(lambda: shard.count(qe.CountRequest(exact=True)))
+
+    def close(self) -> None:
+        """Flush and close the shard, then release the directory for another process."""
+        with self._guard:
+            shard, self._shard = self._shard, None
+            try:
+                if shard is not None:
+                    _engine(shard.flush)
+                    _engine(shard.close)
+            finally:
+                self._unlock()
+
+    def __enter__(self) -> EdgeVectorStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _current(self) -> qe.EdgeShard | None:
+        """The shard, or None before the first upsert; raises once closed or after a fork."""
+        if os.getpid() != self._pid:
+            # A forked child shares the parent's flock and engine state: two writers, no lock.
+            raise ConfigError(
+                f"vector store {self.path} was opened before a fork; open it in each worker "
+                "process (worker_process_init), or use WEBCTX_QDRANT_URL"
+            )
+        if self._lock_fd is None:
+            raise ProviderError(PROVIDER, f"vector store {self.path} is closed")
+        return self._shard
+
+    def _create_once(self, dimensions: int) -> qe.EdgeShard:
+        with self._guard:  # two threads' first upserts must not both create the shard
+            shard = self._current()
+            if shard is None:
+                shard = self._shard = self._create(dimensions)
+            return shard
+
+    def _create(self, dimensions: int) -> qe.EdgeShard:
+        params = qe.EdgeVectorParams(size=dimensions, distance=qe.Distance.Cosine)
+        config = qe.EdgeConfig(vectors=params)
+        return self._open(_engine(lambda: qe.EdgeShard.create(str(self.path), config)))
+
+    @staticmethod
+    def _open(shard: qe.EdgeShard) -> qe.EdgeShard:
+        # Without the keyword index a filtered search scans every point (140 ms vs 0.3 ms
+        # at 50k points), so also add it to a shard that lacks it.
+        if CONTENT_KEY not in _engine(shard.info).payload_schema:
+            index = qe.UpdateOperation.create_field_index(CONTENT_KEY, qe.PayloadSchemaType.Keyword)
+            _engine(lambda: shard.update(index))
+        return shard
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor releases the flock

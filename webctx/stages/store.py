@@ -1,0 +1,73 @@
+"""Store stage: content-addressed points for embedded chunks, and the payload layout they use.
+
+A point's id is derived from what it holds (page text hash, chunk offsets, model), so a
+retried task or a second job that meets the same page overwrites instead of duplicating.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+
+from webctx.models import Chunk, ScoredChunk, StoredChunk
+from webctx.ports import VectorStore
+
+# uuid5(NAMESPACE_URL, "https://github.com/webctx/webctx#point"), written out because it is
+# fixed forever: changing it re-keys every stored point and duplicates the whole store.
+POINT_NAMESPACE = uuid.UUID("013420d6-afae-5302-ba02-3780fd76f2fb")
+
+CONTENT_KEY = "content_sha256"
+"""Payload field every adapter filters on (and indexes as a keyword)."""
+
+UPSERT_BATCH = 256
+
+
+def point_id(content_sha256: str, start: int, end: int, model: str) -> str:
+    """The UUIDv5 of one chunk of one page text embedded by one model."""
+    # The model goes last: it is the only part that may contain the separator.
+    return str(uuid.uuid5(POINT_NAMESPACE, f"{content_sha256}:{start}:{end}:{model}"))
+
+
+def make_points(
+    chunks: Sequence[Chunk], vectors: Sequence[Sequence[float]], *, url: str, model: str
+) -> list[StoredChunk]:
+    """Pair each chunk with its vector under a deterministic point id."""
+    if len(chunks) != len(vectors):
+        raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors")
+    return [
+        StoredChunk(
+            id=point_id(chunk.content_sha256, chunk.start, chunk.end, model),
+            vector=[float(x) for x in vector],
+            chunk=chunk,
+            url=url,
+            model=model,
+        )
+        for chunk, vector in zip(chunks, vectors, strict=True)
+    ]
+
+
+def store_chunks(
+    store: VectorStore, points: Sequence[StoredChunk], *, batch_size: int = UPSERT_BATCH
+) -> int:
+    """Upsert points in bounded batches; returns how many were written."""
+    # Bounded batches keep one request under a server's body limit (1536-dim JSON ~30 KB/point).
+    for start in range(0, len(points), batch_size):
+        store.upsert(points[start : start + batch_size])
+    return len(points)
+
+
+def point_payload(point: StoredChunk) -> dict[str, object]:
+    """The flat payload stored with a point: the chunk's fields plus url and model."""
+    return {**point.chunk.model_dump(), "url": point.url, "model": point.model}
+
+
+def scored_chunk(
+    payload: Mapping[str, object], *, score: float, vector: Sequence[float]
+) -> ScoredChunk:
+    """Rebuild a search hit from a stored payload."""
+    return ScoredChunk(
+        chunk=Chunk.model_validate(dict(payload)),
+        url=str(payload["url"]),
+        score=float(score),
+        vector=[float(x) for x in vector],
+    )
