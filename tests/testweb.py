@@ -65,6 +65,7 @@ class LoopbackWeb:
             "WEBCTX_FETCH__TOTAL_TIMEOUT_S": "3",
             "WEBCTX_FETCH__READ_TIMEOUT_S": "2",
             "WEBCTX_FETCH__MAX_BYTES": "2000000",
+            "WEBCTX_FETCH__PER_HOST_DELAY_S": "0",  # our own loopback site: no pacing
         }
 
     def stop(self) -> None:

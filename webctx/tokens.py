@@ -16,10 +16,36 @@ def encoding() -> Encoding:
     return bpe_openai.get_encoding(ENCODING_NAME)
 
 
+# bpe_openai refuses very long inputs (over 200k tokens, or about 1 MB in one call):
+# longer texts are encoded in pieces cut just before a whitespace character, where the
+# cl100k pre-tokenizer starts a new piece anyway.
+_PIECE_CHARS = 100_000
+
+
 def encode(text: str) -> list[int]:
     """Token ids of `text`; special-token strings in web text count as plain text."""
     # encode() raises on "<|endoftext|>" found in scraped pages; encode_ordinary never does.
-    return list(encoding().encode_ordinary(text))
+    enc = encoding()
+    if len(text) <= _PIECE_CHARS:
+        return list(enc.encode_ordinary(text))
+    ids: list[int] = []
+    for piece in _pieces(text):
+        ids.extend(enc.encode_ordinary(piece))
+    return ids
+
+
+def _pieces(text: str) -> list[str]:
+    out: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(start + _PIECE_CHARS, len(text))
+        if end < len(text):
+            cut = max(text.rfind(" ", start + _PIECE_CHARS // 2, end),
+                      text.rfind("\n", start + _PIECE_CHARS // 2, end))
+            end = cut if cut > start else end
+        out.append(text[start:end])
+        start = end
+    return out
 
 
 def count_tokens(text: str) -> int:

@@ -167,3 +167,11 @@ def test_200_kb_page_chunks_in_well_under_a_second() -> None:
     elapsed = time.perf_counter() - started
     _assert_well_formed(page, chunks, 256)
     assert elapsed < 0.5, f"{elapsed:.3f}s"
+
+
+def test_megabyte_single_line_page_chunks_without_tokenizer_error() -> None:
+    # bpe_openai refuses ~1 MB in one call; tokens.encode must split it.
+    text = "word " * 260_000
+    chunks = chunk_page(make_page(text=text), max_tokens=256, overlap_tokens=0)
+    assert chunks and all(c.tokens <= 256 for c in chunks)
+    assert all(text[c.start : c.end] == c.text for c in chunks[:50])

@@ -376,6 +376,15 @@ def test_extract_page_reports_captcha_interstitial_as_blocked(
         fetch_page(site.url("/captcha"), fetcher, extract_timeout_s=5.0)
 
 
+def test_extract_page_keeps_short_article_with_captcha_comment_form() -> None:
+    # A reCAPTCHA widget in a comment form is not a challenge page (extraction benchmark).
+    form = '<form id="comments"><div class="g-recaptcha" data-sitekey="k"></div></form>'
+    html = ARTICLE.replace("</article>", "</article>" + form)
+    download = Download(url="https://example.org/a", final_url="https://example.org/a",
+                        status=200, content_type="text/html", body=html.encode())  # fmt: skip
+    assert "Lithium plating" in extract_page(download).text
+
+
 def test_extract_page_rejects_near_empty_page(site: Site, fetcher: HttpxFetcher) -> None:
     with pytest.raises(ExtractionError):
         fetch_page(site.url("/empty"), fetcher, extract_timeout_s=5.0)

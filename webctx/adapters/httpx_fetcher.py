@@ -9,26 +9,31 @@ Design (see TRAPS 6-8):
   as Host and SNI. There is no second lookup, hence no DNS rebinding window.
 - Size: the body is read raw and inflated here with a zlib output limit, so a gzip bomb
   never inflates past `max_bytes` (httpx's decoders have no output limit).
+- Politeness (optional, `webctx.politeness`): every hop consults robots.txt (fetched through
+  this same guarded client), waits its turn for the host, and a 429/503 pauses the host.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import functools
 import logging
-import re
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpcore
 import httpx
 
+from webctx.adapters.http_body import (
+    BodyDecoder,
+    looks_binary,
+    parse_content_type,
+    sniff_text_type,
+)
 from webctx.errors import (
     BlockedURL,
     ContentTooLarge,
@@ -47,21 +52,22 @@ from webctx.netguard import (
     resolve_checked,
     system_resolver,
 )
+from webctx.politeness import (
+    ROBOTS_MAX_BYTES,
+    Politeness,
+    RobotsRules,
+    parse_retry_after,
+    robots_rules,
+)
+from webctx.portpolicy import check_port
 from webctx.settings import FetchSettings
 
 logger = logging.getLogger(__name__)
 
 ACCEPTED_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain"})
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-# fmt: off
 _HEADERS = {"Accept": "text/html,application/xhtml+xml;q=0.9,text/plain;q=0.8",
-            "Accept-Encoding": "gzip, deflate"}  # only what _BodyDecoder inflates under a cap
-_BINARY_MAGIC = (b"%PDF-", b"\x89PNG", b"GIF87a", b"GIF89a", b"\xff\xd8\xff", b"PK\x03\x04",
-                 b"\x1f\x8b", b"OggS", b"\x7fELF", b"wOFF", b"wOF2", b"%!PS")
-# fmt: on
-_CHARSET = re.compile(r"charset\s*=\s*[\"']?([\w.:-]+)", re.I)
-_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
-_CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\r\f\x1b") + b"\x7f"
+            "Accept-Encoding": "gzip, deflate"}  # fmt: skip # only what BodyDecoder inflates
 
 
 class HttpxFetcher:
@@ -76,8 +82,10 @@ class HttpxFetcher:
         *,
         policy: AddressPolicy,
         resolver: Resolver = system_resolver,
+        politeness: Politeness | None = None,
     ) -> None:
         self._settings = settings
+        self._politeness = politeness
         self._policy = policy
         self._resolver = resolver
         self._ssl_context = httpx.create_ssl_context()  # built once: loading CAs is slow
@@ -112,7 +120,8 @@ class HttpxFetcher:
         return download
 
     def _new_client(self) -> httpx.AsyncClient:
-        backend = _GuardedBackend(self._policy, self._resolver, self._dns)
+        ports = frozenset(self._settings.allowed_ports)
+        backend = _GuardedBackend(self._policy, self._resolver, self._dns, ports)
         pool = httpcore.AsyncConnectionPool(ssl_context=self._ssl_context, network_backend=backend)
         s = self._settings
         return httpx.AsyncClient(
@@ -144,6 +153,8 @@ class HttpxFetcher:
     ) -> Download | str:
         """One request: the download, or the URL a redirect points to."""
         target = _checked_url(current)
+        if self._politeness is not None:
+            await self._be_polite(self._politeness, client, target, deadline)
         with self._host_slot(current, target.host, deadline):
             response = await client.send(client.build_request("GET", target), stream=True)
             try:
@@ -156,6 +167,47 @@ class HttpxFetcher:
             return str(target.join(location))
         except httpx.InvalidURL as exc:
             raise BlockedURL(current, f"bad redirect Location {location!r}: {exc}") from exc
+
+    async def _be_polite(
+        self, polite: Politeness, client: httpx.AsyncClient, target: httpx.URL, deadline: float
+    ) -> None:
+        """robots.txt, then the host's turn; BlockedURL or FetchTimeout instead of waiting."""
+        origin = f"{target.scheme}://{target.netloc.decode('ascii')}"
+        rules = polite.robots.get(origin) if polite.respect_robots else None
+        if rules is None and polite.respect_robots:
+            rules = await self._robots(polite, client, origin, deadline)
+            polite.robots.put(origin, rules)
+        if rules is not None and not rules.allows(str(target)):
+            raise BlockedURL(str(target), "disallowed by robots.txt")
+        delay = rules.crawl_delay if rules is not None else None
+        wait = polite.pacer.reserve(target.host, delay_s=delay, latest=deadline)
+        if wait is None:
+            raise FetchTimeout(str(target), f"{target.host} is paced or paused past the deadline")
+        await asyncio.sleep(wait)
+
+    async def _robots(
+        self, polite: Politeness, client: httpx.AsyncClient, origin: str, deadline: float
+    ) -> RobotsRules:
+        url = f"{origin}/robots.txt"
+        for _ in range(self._settings.max_redirects + 1):
+            target = _checked_url(url)
+            with self._host_slot(url, target.host, deadline):
+                response = await client.send(client.build_request("GET", target), stream=True)
+                try:
+                    location = _redirect_location(response)
+                    status, body = response.status_code, b""
+                    if location is None and 200 <= status < 300:
+                        encoding = response.headers.get("content-encoding", "")
+                        decoder = BodyDecoder(url, encoding, ROBOTS_MAX_BYTES)
+                        async for raw in response.aiter_raw():
+                            decoder.feed(raw)
+                        body = decoder.finish()
+                finally:
+                    await response.aclose()
+            if location is None:
+                return robots_rules(status, body, user_agent=polite.user_agent)
+            url = str(target.join(location))
+        return robots_rules(404, b"", user_agent=polite.user_agent)  # RFC 9309: > 5 hops
 
     @contextlib.contextmanager
     def _host_slot(self, url: str, host: str, deadline: float) -> Iterator[None]:
@@ -175,11 +227,12 @@ class HttpxFetcher:
 
     async def _download(self, url: str, response: httpx.Response) -> Download:
         final_url = str(response.url)
+        self._note_status(response)
         if not 200 <= response.status_code < 300:
             raise HTTPStatusError(
                 final_url, f"HTTP {response.status_code}", status=response.status_code
             )
-        media, charset = _parse_content_type(response.headers.get("content-type", ""))
+        media, charset = parse_content_type(response.headers.get("content-type", ""))
         if media and media not in ACCEPTED_TYPES:
             raise UnsupportedContent(final_url, f"content type {media!r}")
         limit = self._settings.max_bytes
@@ -187,31 +240,51 @@ class HttpxFetcher:
         if declared.isdigit() and int(declared) > limit:
             # Compressed or not, a body this long on the wire decodes to more than the cap.
             raise ContentTooLarge(final_url, f"Content-Length {declared} > {limit}")
-        decoder = _BodyDecoder(final_url, response.headers.get("content-encoding", ""), limit)
+        decoder = BodyDecoder(final_url, response.headers.get("content-encoding", ""), limit)
         async for raw in response.aiter_raw():
             decoder.feed(raw)
         body = decoder.finish()
-        if _looks_binary(body[:1024]):
+        if looks_binary(body[:1024]):
             raise UnsupportedContent(final_url, f"binary body served as {media or 'untyped'}")
         return Download(
             url=url,
             final_url=final_url,
             status=response.status_code,
-            content_type=media or _sniff_text_type(body),
+            content_type=media or sniff_text_type(body),
             body=body,
             encoding=charset,
             etag=response.headers.get("etag"),
             last_modified=response.headers.get("last-modified"),
         )
 
+    def _note_status(self, response: httpx.Response) -> None:
+        """Tell the pacer how the host is doing: 429/503 pause it, anything else does not."""
+        if self._politeness is None:
+            return
+        pacer, host = self._politeness.pacer, response.url.host
+        if response.status_code in (429, 503):
+            retry_after = parse_retry_after(response.headers.get("retry-after"))
+            pause = pacer.busy(host, retry_after)
+            logger.info("host paused", extra={"host": host, "status": response.status_code,
+                                              "pause_s": pause})  # fmt: skip
+        else:
+            pacer.ok(host)
+
 
 class _GuardedBackend(httpcore.AsyncNetworkBackend):
-    """Resolves and checks the host itself, then connects to a checked address."""
+    """Resolves and checks the host (address, then port), then connects to a checked address."""
 
-    def __init__(self, policy: AddressPolicy, resolver: Resolver, dns: ThreadPoolExecutor):
+    def __init__(
+        self,
+        policy: AddressPolicy,
+        resolver: Resolver,
+        dns: ThreadPoolExecutor,
+        allowed_ports: frozenset[int],
+    ):
         self._policy = policy
         self._resolver = resolver
         self._dns = dns
+        self._allowed_ports = allowed_ports
         self._inner = httpcore.AnyIOBackend()
 
     async def connect_tcp(
@@ -223,6 +296,7 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         addresses = await self._resolve(host, port, timeout)
+        check_port(host, port, addresses, policy=self._policy, allowed_ports=self._allowed_ports)
         error: httpcore.ConnectError | None = None
         for address in addresses:
             try:
@@ -334,66 +408,3 @@ def _redirect_location(response: httpx.Response) -> str | None:
     if response.status_code in _REDIRECTS:
         return response.headers.get("location") or None
     return None
-
-
-class _BodyDecoder:
-    """Undoes Content-Encoding chunk by chunk, never producing more than `limit` bytes."""
-
-    def __init__(self, url: str, content_encoding: str, limit: int) -> None:
-        codings = [c.strip().lower() for c in content_encoding.split(",")]
-        codings = [c for c in codings if c not in ("", "identity")]
-        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
-            raise UnsupportedContent(url, f"content encoding {content_encoding!r}")
-        # wbits | 32 accepts gzip and zlib headers; raw deflate is rare and refused.
-        self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 32) if codings else None
-        self._url = url
-        self._limit = limit
-        self._parts: list[bytes] = []
-        self._size = 0
-
-    def feed(self, data: bytes) -> None:
-        """Decode and keep one raw chunk."""
-        if self._inflater is not None:
-            try:  # max_length: stop inflating one byte past the cap
-                data = self._inflater.decompress(data, self._limit - self._size + 1)
-            except zlib.error as exc:
-                raise UnsupportedContent(self._url, f"corrupt compressed body: {exc}") from exc
-        self._keep(data)
-
-    def finish(self) -> bytes:
-        """The whole decoded body."""
-        if self._inflater is not None:
-            self._keep(self._inflater.flush())
-        return b"".join(self._parts)
-
-    def _keep(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > self._limit:
-            raise ContentTooLarge(self._url, f"decoded body over {self._limit} bytes")
-        self._parts.append(data)
-
-
-def _parse_content_type(value: str) -> tuple[str, str | None]:
-    """Media type (lower case) and a charset Python can decode, if declared."""
-    media, _, params = value.partition(";")
-    match = _CHARSET.search(params)
-    try:
-        charset = codecs.lookup(match.group(1)).name if match else None
-    except LookupError:
-        charset = None  # a bogus label: let the extractor sniff the body instead
-    return media.strip().lower(), charset
-
-
-def _looks_binary(sample: bytes) -> bool:
-    if sample.startswith(_BOMS):
-        return False  # UTF-16 text is full of NULs
-    if sample.lstrip().startswith(_BINARY_MAGIC) or b"\x00" in sample:
-        return True
-    controls = len(sample) - len(sample.translate(None, _CONTROL_BYTES))
-    return controls > len(sample) // 20
-
-
-def _sniff_text_type(body: bytes) -> str:
-    head = body[:1024].lower()
-    markers = (b"<!doctype html", b"<html", b"<head", b"<body")
-    return "text/html" if any(m in head for m in markers) else "text/plain"

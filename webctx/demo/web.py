@@ -82,6 +82,7 @@ class DemoWeb:
             "OPENAI_API_KEY": "demo-key",
             "WEBCTX_EMBEDDING_MODEL": EMBEDDING_MODEL,
             "WEBCTX_ALLOWED_NETWORKS": "127.0.0.1/32",
+            "WEBCTX_FETCH__PER_HOST_DELAY_S": "0",  # our own loopback site: no pacing
         }
 
     def stop(self) -> None:

@@ -1,0 +1,182 @@
+"""Politeness: robots.txt rules and cache, the per-host pace and 429/503 pauses, the port
+rule; then the same through HttpxFetcher against loopback sites (stub resolvers only)."""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from webctx.adapters.httpx_fetcher import HttpxFetcher
+from webctx.devweb.server import LoopbackServer
+from webctx.devweb.site import SitePage, make_site_app
+from webctx.errors import BlockedURL, FetchTimeout, HTTPStatusError
+from webctx.netguard import AddressPolicy
+from webctx.politeness import (
+    HostPacer,
+    Politeness,
+    RobotsCache,
+    parse_retry_after,
+    robots_rules,
+)
+from webctx.portpolicy import check_port
+from webctx.settings import FetchSettings
+
+UA = "webctx/0.1 (+https://example.invalid/bot)"
+ROBOTS = """User-agent: otherbot
+Disallow: /
+
+User-agent: webctx
+Disallow: /private
+Crawl-delay: 2
+"""
+ARTICLE = "<html><body><p>" + "Battery ageing notes. " * 20 + "</p></body></html>"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_robots_rules_apply_to_our_agent_only() -> None:
+    rules = robots_rules(200, ROBOTS.encode(), user_agent=UA)
+    assert not rules.allows("http://a.test/private/x")
+    assert rules.allows("http://a.test/public")
+    assert rules.crawl_delay == 2.0
+
+
+@pytest.mark.parametrize(("status", "allowed"), [(404, True), (410, True), (500, False),
+                                                 (503, False), (429, False)])  # fmt: skip
+def test_robots_status_decides_when_there_is_no_file(status: int, allowed: bool) -> None:
+    assert robots_rules(status, b"", user_agent=UA).allows("http://a.test/page") is allowed
+
+
+def test_robots_cache_expires_and_keeps_unreachable_briefly() -> None:
+    clock = Clock()
+    cache = RobotsCache(ttl_s=3600, clock=clock)
+    cache.put("http://a.test", robots_rules(200, b"", user_agent=UA))
+    cache.put("http://b.test", robots_rules(503, b"", user_agent=UA))
+    clock.now += 301
+    assert cache.get("http://a.test") is not None
+    assert cache.get("http://b.test") is None  # an unreachable robots.txt is retried soon
+    clock.now += 3600
+    assert cache.get("http://a.test") is None
+
+
+def test_pacer_spaces_request_starts_per_host() -> None:
+    clock = Clock()
+    pacer = HostPacer(delay_s=1.0, max_backoff_s=60, clock=clock)
+    assert pacer.reserve("a.test", latest=clock.now + 10) == 0
+    assert pacer.reserve("a.test", latest=clock.now + 10) == 1.0
+    assert pacer.reserve("a.test", delay_s=3.0, latest=clock.now + 10) == 2.0
+    assert pacer.reserve("b.test", latest=clock.now + 10) == 0  # other hosts unaffected
+    assert pacer.reserve("a.test", latest=clock.now + 1) is None  # past the deadline: no slot
+
+
+def test_pacer_pauses_a_busy_host_by_retry_after_else_doubling() -> None:
+    clock = Clock()
+    pacer = HostPacer(delay_s=0.0, max_backoff_s=30, clock=clock)
+    assert pacer.busy("a.test", 7.0) == 7.0
+    assert pacer.reserve("a.test", latest=clock.now + 100) == 7.0
+    assert pacer.reserve("b.test", latest=clock.now + 100) == 0
+    assert [pacer.busy("c.test", None) for _ in range(3)] == [1.0, 2.0, 4.0]
+    pacer.ok("c.test")
+    assert pacer.busy("c.test", None) == 1.0
+    assert pacer.busy("d.test", 10_000) == 30  # capped
+
+
+def test_retry_after_accepts_seconds_and_http_dates() -> None:
+    assert parse_retry_after("120") == 120.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_odd_ports_only_inside_explicitly_allowed_networks() -> None:
+    public = [ipaddress.ip_address("93.184.216.34")]  # only checked, never connected to
+    policy = AddressPolicy(allowed_networks=["10.1.0.0/16"])
+    check_port("a.test", 443, public, policy=policy, allowed_ports={80, 443})
+    with pytest.raises(BlockedURL, match="port 8080"):
+        check_port("a.test", 8080, public, policy=policy, allowed_ports={80, 443})
+    inside = [ipaddress.ip_address("10.1.2.3")]
+    check_port("a.test", 6379, inside, policy=policy, allowed_ports={80, 443})
+    private = [ipaddress.ip_address("192.168.1.5")]
+    with pytest.raises(BlockedURL):
+        check_port("a.test", 6379, private, policy=policy, allowed_ports={80, 443})
+    lifted = AddressPolicy(allow_private=True)
+    check_port("a.test", 6379, private, policy=lifted, allowed_ports={80, 443})
+    with pytest.raises(BlockedURL):  # lifting the private guard does not open public odd ports
+        check_port("a.test", 6379, public, policy=lifted, allowed_ports={80, 443})
+
+
+# -- through the fetcher --------------------------------------------------------------------
+SETTINGS = FetchSettings(connect_timeout_s=0.5, read_timeout_s=0.5, total_timeout_s=1.5,
+                         max_bytes=200_000, per_host_delay_s=0.0, user_agent=UA)  # fmt: skip
+
+
+@pytest.fixture
+def site() -> Iterator[tuple[LoopbackServer, collections.Counter[str]]]:
+    hits: collections.Counter[str] = collections.Counter()
+    pages = {
+        "/robots.txt": SitePage(ROBOTS, content_type="text/plain"),
+        "/public": SitePage(ARTICLE),
+        "/private/page": SitePage(ARTICLE),
+        "/busy": SitePage("slow down", status=429, headers={"Retry-After": "30"}),
+    }
+    with LoopbackServer(make_site_app(pages, hits=hits)) as server:
+        yield server, hits
+
+
+def loopback(host: str, port: int) -> list[str]:
+    return ["127.0.0.1"]  # every test name is served by the loopback site
+
+
+def polite_fetcher(settings: FetchSettings = SETTINGS) -> HttpxFetcher:
+    policy = AddressPolicy(allowed_networks=["127.0.0.1/32"])
+    politeness = Politeness.from_settings(settings)
+    return HttpxFetcher(settings, policy=policy, resolver=loopback, politeness=politeness)
+
+
+def test_fetcher_honours_robots_and_fetches_it_once_per_origin(
+    site: tuple[LoopbackServer, collections.Counter[str]],
+) -> None:
+    server, hits = site
+    fetcher = polite_fetcher()
+    fetcher.fetch(f"{server.url}/public")
+    for _ in range(2):  # refused before its turn is even reserved: no Crawl-delay wait
+        with pytest.raises(BlockedURL, match="robots.txt"):
+            fetcher.fetch(f"{server.url}/private/page")
+    assert hits["/private/page"] == 0
+    assert hits["/robots.txt"] == 1
+    assert hits["/public"] == 1
+
+
+def test_fetcher_applies_crawl_delay_between_requests(
+    site: tuple[LoopbackServer, collections.Counter[str]],
+) -> None:
+    server, _ = site
+    fetcher = polite_fetcher(SETTINGS.model_copy(update={"total_timeout_s": 5.0}))
+    fetcher.fetch(f"{server.url}/public")
+    started = time.monotonic()
+    fetcher.fetch(f"{server.url}/public")
+    assert 1.9 <= time.monotonic() - started < 3.0  # Crawl-delay: 2
+
+
+def test_429_pauses_that_host_only(site: tuple[LoopbackServer, collections.Counter[str]]) -> None:
+    server, hits = site
+    fetcher = polite_fetcher()
+    port = server.port
+    with pytest.raises(HTTPStatusError) as info:
+        fetcher.fetch(f"http://busy.test:{port}/busy")
+    assert info.value.status == 429
+    started = time.monotonic()
+    with pytest.raises(FetchTimeout, match="paused"):  # Retry-After 30 > the deadline: no wait
+        fetcher.fetch(f"http://busy.test:{port}/public")
+    assert time.monotonic() - started < 0.5
+    assert hits["/public"] == 0
+    assert fetcher.fetch(f"http://calm.test:{port}/public").status == 200
