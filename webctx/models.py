@@ -26,6 +26,7 @@ class JobRequest(BaseModel):
     max_queries: int = Field(default=4, ge=1, le=10)
     include_domains: list[str] = Field(default_factory=list)
     exclude_domains: list[str] = Field(default_factory=list)
+    recency_days: int | None = Field(default=None, ge=1, le=3650)
 
     @field_validator("question")
     @classmethod
@@ -160,6 +161,8 @@ class BundleStats(BaseModel):
     chunks: int = 0
     embed_requests: int = 0
     tokens_embedded: int = 0
+    cache_hits: int = 0
+    tokens_saved: int = 0
     bundle_tokens: int = 0
     elapsed_s: float = 0.0
     stage_s: dict[str, float] = Field(default_factory=dict)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from webctx.embed_cache import RedisEmbeddingCache
 from webctx.models import Bundle, BundleStats, Failure, Page, ScoredChunk
 from webctx.ports import Embedder, VectorStore
+from webctx.ratelimit import RedisRateLimiter
 from webctx.settings import ChunkSettings, EmbedSettings
 from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page
-from webctx.stages.embed import embed_texts
+from webctx.stages.embed import CachedEmbedOutcome, embed_texts, embed_with_cache
 from webctx.stages.rank import rank_chunks
 from webctx.stages.store import make_points, store_chunks
 
@@ -22,6 +24,8 @@ class IndexOutcome:
     chunks: int
     requests: int
     tokens: int
+    cache_hits: int = 0
+    tokens_saved: int = 0
 
 
 def index_page(
@@ -31,24 +35,58 @@ def index_page(
     store: VectorStore,
     chunking: ChunkSettings,
     embedding: EmbedSettings,
+    cache: RedisEmbeddingCache | None = None,
+    limiter: RedisRateLimiter | None = None,
 ) -> IndexOutcome:
-    """Chunk a page, embed its chunks and upsert them (idempotent by point id)."""
+    """Chunk a page, embed its chunks and upsert them (idempotent by point id).
+
+    With a `cache`, chunks embedded before (by any job) are not sent again; with a
+    `limiter`, requests share the key's rate limit with every worker."""
     chunks = chunk_page(
         page, max_tokens=chunking.max_tokens, overlap_tokens=chunking.overlap_tokens
     )
     if not chunks:
         return IndexOutcome(chunks=0, requests=0, tokens=0)
-    outcome = embed_texts(
-        [c.text for c in chunks],
+    outcome = _embed_chunks([c.text for c in chunks], embedder, embedding, cache, limiter)
+    points = make_points(chunks, outcome.vectors, url=page.final_url, model=embedder.model)
+    store_chunks(store, points)
+    return IndexOutcome(
+        chunks=len(chunks),
+        requests=outcome.requests,
+        tokens=outcome.tokens,
+        cache_hits=outcome.cache_hits,
+        tokens_saved=outcome.tokens_saved,
+    )
+
+
+def _embed_chunks(
+    texts: list[str],
+    embedder: Embedder,
+    embedding: EmbedSettings,
+    cache: RedisEmbeddingCache | None,
+    limiter: RedisRateLimiter | None,
+) -> CachedEmbedOutcome:
+    """Embed through cache and limiter when given; else exactly as before (embed_texts)."""
+    if cache is None and limiter is None:
+        plain = embed_texts(
+            texts,
+            embedder,
+            max_inputs=embedding.max_inputs_per_request,
+            max_tokens_per_request=embedding.max_tokens_per_request,
+            max_input_tokens=embedding.max_input_tokens,
+            max_attempts=embedding.max_attempts,
+        )
+        return CachedEmbedOutcome(**plain.model_dump())
+    return embed_with_cache(
+        texts,
         embedder,
+        cache=cache,
+        limiter=limiter,
         max_inputs=embedding.max_inputs_per_request,
         max_tokens_per_request=embedding.max_tokens_per_request,
         max_input_tokens=embedding.max_input_tokens,
         max_attempts=embedding.max_attempts,
     )
-    points = make_points(chunks, outcome.vectors, url=page.final_url, model=embedder.model)
-    store_chunks(store, points)
-    return IndexOutcome(chunks=len(chunks), requests=outcome.requests, tokens=outcome.tokens)
 
 
 def candidate_limit(top_k: int, pages: int) -> int:
@@ -69,18 +107,15 @@ def answer_question(
     top_k: int,
     token_budget: int,
     embedding: EmbedSettings,
+    cache: RedisEmbeddingCache | None = None,
+    limiter: RedisRateLimiter | None = None,
 ) -> Bundle:
     """Embed the question, retrieve the job's chunks, rank, pack and cite them."""
-    outcome = embed_texts(
-        [question],
-        embedder,
-        max_inputs=1,
-        max_tokens_per_request=embedding.max_tokens_per_request,
-        max_input_tokens=embedding.max_input_tokens,
-        max_attempts=embedding.max_attempts,
-    )
+    outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
     stats.embed_requests += outcome.requests
     stats.tokens_embedded += outcome.tokens
+    stats.cache_hits += outcome.cache_hits
+    stats.tokens_saved += outcome.tokens_saved
     found = store.search(
         outcome.vectors[0],
         limit=candidate_limit(top_k, len(pages)),

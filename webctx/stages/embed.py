@@ -4,6 +4,10 @@ The steps are separate so a cross-worker rate limiter (`before_request`) and an
 embedding cache (filter texts before `plan_batches`) can slot in without a rewrite:
 
     prepare_texts -> plan_batches -> for each batch: before_request, embedder.embed
+
+`embed_with_cache` puts both in: cache hits never reach `embed_texts`, and the embedder
+is wrapped in `LimitedEmbedder`, which reserves each request's tokens in the shared
+Redis limiter before sending, and feeds the answer's rate-limit headers (or 429) back.
 """
 
 from __future__ import annotations
@@ -14,13 +18,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable, RateLimited
 from webctx.ports import Embedder
 from webctx.tokens import count_tokens, truncate_to_tokens
+
+if TYPE_CHECKING:
+    from webctx.embed_cache import RedisEmbeddingCache
+    from webctx.ratelimit import RedisRateLimiter
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -220,3 +228,102 @@ def embed_texts(
         outcome.retries += retries
     outcome.vectors = vectors
     return outcome
+
+
+class CachedEmbedOutcome(EmbedOutcome):
+    """An EmbedOutcome plus what the cache saved."""
+
+    cache_hits: int = 0
+    tokens_saved: int = 0
+
+
+class LimitedEmbedder:
+    """An Embedder whose every request first reserves its tokens in a shared limiter.
+
+    A 429 pauses the key for every process (for its retry-after) and releases the
+    reservation; every answer's x-ratelimit-* headers adapt the shared budget."""
+
+    def __init__(self, inner: Embedder, limiter: RedisRateLimiter) -> None:
+        self.inner, self.limiter = inner, limiter
+        self.model = inner.model
+        self.dimensions: int | None = getattr(inner, "dimensions", None)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, sent once the shared limiter grants the tokens."""
+        reservation = self.limiter.acquire(sum(count_tokens(t) for t in texts))
+        try:
+            vectors = self.inner.embed(texts)
+        except RateLimited as exc:
+            self.limiter.settle(reservation, sent=False)
+            self.limiter.pause(exc.retry_after if exc.retry_after is not None else 1.0)
+            self._observe()
+            raise
+        except Exception:
+            self.limiter.settle(reservation)  # it may have been counted: keep it
+            raise
+        self.limiter.settle(reservation)
+        self._observe()
+        return vectors
+
+    def _observe(self) -> None:
+        headers = getattr(self.inner, "last_rate_limits", None)
+        if isinstance(headers, dict) and headers:
+            self.limiter.observe(headers)
+
+
+def embed_with_cache(
+    texts: Sequence[str],
+    embedder: Embedder,
+    *,
+    cache: RedisEmbeddingCache | None,
+    limiter: RedisRateLimiter | None,
+    max_inputs: int,
+    max_tokens_per_request: int,
+    max_input_tokens: int,
+    max_attempts: int,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CachedEmbedOutcome:
+    """`embed_texts`, but texts the cache knows are not sent (nor repeats within `texts`),
+    and requests go through the shared limiter when one is given."""
+    dimensions: int | None = getattr(embedder, "dimensions", None)
+    cached: list[list[float] | None] = [None] * len(texts)
+    if cache is not None:
+        cached = cache.get_many(embedder.model, dimensions, texts)
+    misses: dict[str, list[int]] = {}
+    for i, (text, vector) in enumerate(zip(texts, cached, strict=True)):
+        if vector is None:
+            misses.setdefault(cache_text(text), []).append(i)
+    sender: Embedder = embedder if limiter is None else LimitedEmbedder(embedder, limiter)
+    if limiter is not None and limiter.tpm is not None:
+        # A request over the whole TPM budget could never be admitted.
+        max_tokens_per_request = min(max_tokens_per_request, limiter.tpm)
+    fresh = embed_texts(
+        [texts[idx[0]] for idx in misses.values()],
+        sender,
+        max_inputs=max_inputs,
+        max_tokens_per_request=max_tokens_per_request,
+        max_input_tokens=max_input_tokens,
+        max_attempts=max_attempts,
+        sleep=sleep,
+    )
+    if cache is not None and misses:
+        cache.set_many(embedder.model, dimensions, list(misses), fresh.vectors)
+    for indices, vector in zip(misses.values(), fresh.vectors, strict=True):
+        for i in indices:
+            cached[i] = vector
+    sent = {indices[0] for indices in misses.values()}
+    hits = [text for i, text in enumerate(texts) if i not in sent]
+    saved = prepare_texts(hits, max_input_tokens=min(max_input_tokens, max_tokens_per_request))
+    return CachedEmbedOutcome(
+        **fresh.model_dump(exclude={"vectors"}),
+        vectors=[v for v in cached if v is not None],
+        cache_hits=len(hits),
+        tokens_saved=sum(saved.tokens),
+    )
+
+
+def cache_text(text: str) -> str:
+    """The form of a text the cache keys on (whitespace-normalised)."""
+    from webctx.embed_cache import normalize_text
+
+    return normalize_text(text)
