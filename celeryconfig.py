@@ -6,6 +6,7 @@ With no broker configured the app runs on kombu's in-memory transport inside the
 
 from kombu.entity import Exchange, Queue
 
+from webctx.errors import ConfigError
 from webctx.settings import get_settings
 
 _settings = get_settings()
@@ -27,11 +28,31 @@ worker_cancel_long_running_tasks_on_connection_loss = True
 broker_connection_retry_on_startup = True
 
 # Above every task's hard time limit (TRAPS 2), set alike for broker and result backend.
-_VISIBILITY_S = 1800
-broker_transport_options = {"visibility_timeout": _VISIBILITY_S}
+# It also decides how soon the tasks of a SIGKILLed worker run again, so kombu's sweep
+# for expired unacked messages runs every few seconds instead of every 100 s (its default
+# is an interval of 10 s times a throttle of 10).
+_VISIBILITY_S = _settings.visibility_timeout_s
+if _settings.task_time_limit_s >= _VISIBILITY_S:
+    raise ConfigError(
+        f"WEBCTX_TASK_TIME_LIMIT_S ({_settings.task_time_limit_s}) must stay below "
+        f"WEBCTX_VISIBILITY_TIMEOUT_S ({_VISIBILITY_S}): a running task would be redelivered"
+    )
+broker_transport_options = {
+    "visibility_timeout": _VISIBILITY_S,
+    "unacked_restore_interval": max(1, min(10, _VISIBILITY_S // 5)),
+    "unacked_restore_throttle": 1,
+    "socket_timeout": 30,  # a half-open broker connection must not block a publish forever
+    "socket_connect_timeout": 10,
+    "health_check_interval": 10,
+}
 result_backend_transport_options = {"visibility_timeout": _VISIBILITY_S}
-task_time_limit = 600
-task_soft_time_limit = 540
+visibility_timeout = _VISIBILITY_S
+task_time_limit = _settings.task_time_limit_s
+task_soft_time_limit = max(1, task_time_limit * 9 // 10)
+# Lost broker: keep reconnecting (Redis restarted); running tasks are cancelled and, being
+# unacked, come back after the visibility timeout when the broker kept them (TRAPS 3).
+broker_connection_retry = True
+broker_connection_max_retries = None  # forever, with Celery's capped backoff
 
 task_serializer = "json"
 result_serializer = "json"

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated
 
+import redis
 import typer
+from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 
-from webctx.errors import WebctxError
-from webctx.jobs import JobStore
+from webctx.errors import JobNotFound, WebctxError
+from webctx.jobs import JobProgress, JobStore
 from webctx.models import Bundle, JobRequest, JobStatus
 from webctx.settings import get_settings
+from webctx.tenants import TenantStore
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -105,12 +109,33 @@ def research(
         _wait_and_print(jobs, job_id, format, wait_s)
     except WebctxError as exc:
         raise _fail(str(exc), code=1) from exc
+    except (redis.RedisError, OperationalError) as exc:
+        raise _fail(f"broker or job state store unreachable: {exc}", code=1) from exc
+
+
+def _poller(jobs: JobStore, job_id: str) -> Callable[[], JobProgress]:
+    """Poll the job's progress; ride out a Redis outage (the wait's timeout bounds it), and
+    say so clearly when Redis came back without the job's state."""
+    last = [JobProgress(job_id=job_id, status=JobStatus.QUEUED)]
+
+    def poll() -> JobProgress:
+        try:
+            last[0] = jobs.progress(job_id)
+        except JobNotFound as exc:
+            raise WebctxError(
+                f"job {job_id}: job state lost (Redis restarted without persistence?); resubmit"
+            ) from exc
+        except redis.RedisError:
+            pass  # Redis restarting: keep the last progress until the deadline
+        return last[0]
+
+    return poll
 
 
 def _wait_and_print(jobs: JobStore, job_id: str, fmt: OutputFormat, wait_s: float) -> None:
     from api.progress import wait_for_job
 
-    progress = wait_for_job(lambda: jobs.progress(job_id), timeout_s=wait_s)
+    progress = wait_for_job(_poller(jobs, job_id), timeout_s=wait_s)
     bundle = jobs.bundle(job_id)
     if bundle is not None:
         _print_bundle(bundle, fmt)
@@ -176,6 +201,83 @@ def demo(
     from webctx.demo.run import run_demo
 
     raise typer.Exit(run_demo(question, fmt=format.value))
+
+
+@cli.command()
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind address [WEBCTX_API_HOST].")] = None,
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+) -> None:
+    """Serve the HTTP jobs API (and MCP at /mcp) with uvicorn."""
+    import uvicorn
+
+    from api.http import create_app
+
+    settings = get_settings()
+    bind = host or settings.api_host
+    try:
+        app = create_app(settings, host=bind)
+    except WebctxError as exc:
+        raise _fail(str(exc)) from exc
+    uvicorn.run(app, host=bind, port=port, log_level="info")
+
+
+keys = typer.Typer(help="Create and revoke API keys (stored hashed in the job store's Redis).")
+cli.add_typer(keys, name="keys")
+
+
+def _tenant_store() -> TenantStore:
+    from workers.deps import state_client
+
+    settings = get_settings()
+    if not settings.state_url():
+        raise _fail("API keys live in Redis: set WEBCTX_REDIS_URL or CELERY_BROKER_URL")
+    return TenantStore(state_client(settings))
+
+
+@keys.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")],
+    rate_limit: Annotated[
+        int | None, typer.Option(min=1, help="Requests per minute [WEBCTX_API_RATE_LIMIT_...].")
+    ] = None,
+) -> None:
+    """Create a key for TENANT and print it (shown once; only its hash is stored)."""
+    try:
+        key, record = _tenant_store().create_key(tenant, rate_limit=rate_limit)
+    except WebctxError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"key id {record.key_id} for tenant {record.tenant}", err=True)
+    typer.echo(key)
+
+
+@keys.command("revoke")
+def keys_revoke(key_or_id: Annotated[str, typer.Argument(help="The key, or its key id.")]) -> None:
+    """Revoke a key: requests with it get 401 from now on."""
+    if not _tenant_store().revoke(key_or_id):
+        raise _fail("no such key", code=1)
+    typer.echo("revoked", err=True)
+
+
+@cli.command()
+def mcp(
+    http: Annotated[bool, typer.Option("--http", help="Streamable HTTP instead of stdio.")] = False,
+    host: Annotated[str | None, typer.Option(help="Bind address with --http.")] = None,
+    port: Annotated[int, typer.Option(help="Port with --http.")] = 8000,
+) -> None:
+    """Serve the MCP tools: stdio (default) or streamable HTTP at /mcp (API keys)."""
+    if http:
+        api(host=host, port=port)
+        return
+    from api.deps import open_runtime
+    from api.mcp import run_stdio
+
+    settings = get_settings()
+    try:
+        with open_runtime(settings, keys=False) as runtime:
+            run_stdio(runtime)
+    except WebctxError as exc:
+        raise _fail(str(exc)) from exc
 
 
 def main() -> None:

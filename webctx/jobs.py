@@ -12,9 +12,9 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import redis
 
@@ -51,8 +51,25 @@ class JobProgress:
         return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
+class JobObserver(Protocol):
+    """Told of each fact a JobStore records (metrics): `status`, `page`, `failure`, `counts`."""
+
+    def job_event(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
+        """Called after the fact is written; must not raise (errors are ignored)."""
+
+
 class JobStore:
     """All job state, in one Redis database (a real server or fakeredis)."""
+
+    observers: ClassVar[list[JobObserver]] = []
+    """Process-wide observers of every JobStore (workers/metrics.py registers one)."""
+
+    def _emit(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
+        for observer in self.observers:
+            try:
+                observer.job_event(event, job_id, facts)
+            except Exception:  # an observer never breaks job state
+                pass
 
     def __init__(self, client: redis.Redis, *, ttl_s: int = 7 * 24 * 3600) -> None:
         self.r = client
@@ -70,8 +87,10 @@ class JobStore:
             pipe.expire(key, self.ttl_s)
 
     # -- lifecycle --------------------------------------------------------------------------
-    def create(self, request: JobRequest, *, job_id: str | None = None) -> str:
-        """Record a new queued job and return its id."""
+    def create(
+        self, request: JobRequest, *, job_id: str | None = None, tenant: str | None = None
+    ) -> str:
+        """Record a new queued job (owned by `tenant`, if given) and return its id."""
         job_id = job_id or uuid.uuid4().hex
         meta = self._k(job_id, "meta")
         pipe = self.r.pipeline()
@@ -80,10 +99,39 @@ class JobStore:
             "status": JobStatus.QUEUED.value,
             "created_at": f"{time.time():.3f}",
         }
+        if tenant is not None:
+            fields["tenant"] = tenant
         pipe.hset(meta, mapping=fields)
         self._expire(pipe, meta)
         pipe.execute()
+        self._emit("status", job_id, {"status": JobStatus.QUEUED.value})
         return job_id
+
+    def tenant(self, job_id: str) -> str | None:
+        """The tenant owning the job (None for jobs submitted without one), or JobNotFound."""
+        meta = self._k(job_id, "meta")
+        owner, status = self.r.hmget(meta, ["tenant", "status"])
+        if status is None:
+            raise JobNotFound(job_id)
+        return cast("str | None", owner)
+
+    def claim_idempotency_key(self, tenant: str, key: str, job_id: str) -> str:
+        """Bind a client's Idempotency-Key to `job_id` (SET NX); returns the job it names.
+
+        The first caller's `job_id` comes back to every later caller with the same key,
+        for as long as the jobs live. Keys are per tenant, hashed so any string is safe.
+        """
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        name = f"{_PREFIX}:idem:{tenant}:{digest}"
+        if self.r.set(name, job_id, nx=True, ex=self.ttl_s):
+            return job_id
+        existing = self.r.get(name)
+        return cast(str, existing) if existing else job_id
+
+    def tenant_page(self, tenant: str, ref: str) -> Page | None:
+        """A page one of the tenant's jobs fetched, by content hash or by URL."""
+        sha = self.r.hget(f"{_PREFIX}:tenant:{tenant}:pages", ref)
+        return self.page(cast(str, sha)) if sha else None
 
     def exists(self, job_id: str) -> bool:
         """True if the job is known (and not expired)."""
@@ -115,6 +163,8 @@ class JobStore:
         if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             mapping["finished_at"] = f"{time.time():.3f}"
         self.r.hset(meta, mapping=mapping)
+        if current != status.value:
+            self._emit("status", job_id, {"status": status.value})
 
     def is_active(self, job_id: str) -> bool:
         """False once the job finished, was cancelled, or expired: tasks then do nothing."""
@@ -176,11 +226,20 @@ class JobStore:
         """Store a page under its content hash and link it to the job; returns the hash."""
         page_key = self._page_key(page.content_sha256)
         link = self._k(job_id, "pages")
+        tenant = cast("str | None", self.r.hget(self._k(job_id, "meta"), "tenant"))
         pipe = self.r.pipeline()
         pipe.set(page_key, page.model_dump_json(), ex=self.ttl_s)
         pipe.hset(link, url_id, page.content_sha256)
         self._expire(pipe, link)
+        if tenant:
+            # The tenant's own index of pages (by hash and URL): get_source never sees
+            # a page that only another tenant's jobs fetched.
+            owned = f"{_PREFIX}:tenant:{tenant}:pages"
+            refs = {page.content_sha256, page.url, page.final_url}
+            pipe.hset(owned, mapping=dict.fromkeys(refs, page.content_sha256))
+            self._expire(pipe, owned)
         pipe.execute()
+        self._emit("page", job_id, {"url_id": url_id})
         return page.content_sha256
 
     def page(self, content_sha256: str) -> Page | None:
@@ -214,6 +273,7 @@ class JobStore:
         pipe.hset(name, key, failure.model_dump_json())
         self._expire(pipe, name)
         pipe.execute()
+        self._emit("failure", job_id, {"stage": failure.stage, "reason": failure.reason})
 
     def failures(self, job_id: str) -> list[Failure]:
         """Every recorded failure."""
@@ -228,6 +288,13 @@ class JobStore:
             pipe.hincrby(key, name, delta)
         self._expire(pipe, key)
         pipe.execute()
+        self._emit("counts", job_id, deltas)
+
+    def set_count(self, job_id: str, name: str, value: int) -> None:
+        """Set a counter outright (for facts a redelivered task may record twice)."""
+        key = self._k(job_id, "counters")
+        self.r.hset(key, name, value)
+        self.r.expire(key, self.ttl_s)
 
     def counters(self, job_id: str) -> dict[str, int]:
         """All counters of the job."""
@@ -290,6 +357,23 @@ class JobStore:
     def done_count(self, job_id: str, step: Step) -> int:
         """How many items of `step` are complete."""
         return int(self.r.scard(self._k(job_id, f"done:{step}")))
+
+    # -- deliveries that died with their worker (TRAPS 1) -----------------------------------
+    def start_delivery(self, job_id: str, task: str, item: str) -> int:
+        """Count a delivery of (task, item) as started; returns the unfinished ones so far.
+
+        `end_delivery` clears the count when a delivery returns or raises, so what is left
+        counts only deliveries whose worker died mid-task (SIGKILL, OOM, segfault).
+        """
+        key = self._k(job_id, "deliveries")
+        pipe = self.r.pipeline()
+        pipe.hincrby(key, f"{task}:{item}", 1)
+        self._expire(pipe, key)
+        return int(pipe.execute()[0])
+
+    def end_delivery(self, job_id: str, task: str, item: str) -> None:
+        """The delivery of (task, item) finished in this process: clear its count."""
+        self.r.hdel(self._k(job_id, "deliveries"), f"{task}:{item}")
 
     # -- bundle and progress ----------------------------------------------------------------
     def save_bundle(self, job_id: str, bundle: Bundle) -> bool:

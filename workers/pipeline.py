@@ -21,10 +21,15 @@ from workers.app import app
 
 
 def submit_job(
-    jobs: JobStore, request: JobRequest, *, timeout_s: float, job_id: str | None = None
+    jobs: JobStore,
+    request: JobRequest,
+    *,
+    timeout_s: float,
+    job_id: str | None = None,
+    tenant: str | None = None,
 ) -> str:
     """Record a job, start its plan task and its deadline watchdog; return the job id."""
-    job_id = jobs.create(request, job_id=job_id)
+    job_id = jobs.create(request, job_id=job_id, tenant=tenant)
     app.signature("webctx.plan", args=(job_id,)).apply_async()
     app.signature("webctx.rank", args=(job_id,), kwargs={"force": True}).apply_async(
         countdown=timeout_s
@@ -50,7 +55,7 @@ def start_fetches(jobs: JobStore, job_id: str) -> None:
         jobs.set_status(job_id, JobStatus.FAILED, error=_no_results_error(jobs.failures(job_id)))
         return
     url_ids = jobs.set_urls(job_id, chosen)
-    jobs.add_counts(job_id, results=len(merged))
+    jobs.set_count(job_id, "results", len(merged))
     group(app.signature("webctx.fetch", args=(job_id, uid)) for uid in url_ids).apply_async()
     jobs.mark_next_started(job_id, "search")
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from celery import Task
 
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
-from webctx.models import BundleStats, Failure, JobStatus
+from webctx.models import BundleStats, Failure, JobStatus, Page
 from webctx.research import answer_question, index_page
 from webctx.stages.bundle import build_bundle
 from webctx.stages.fetch import fetch_page
@@ -107,14 +109,8 @@ def fetch(job_id: str, url_id: str) -> str:
     page = jobs.page_for(job_id, url_id)
     if page is None and not jobs.is_done(job_id, "fetch", url_id):
         jobs.mark_stage(job_id, "fetch", start=True)
-        try:
-            page = fetch_page(
-                url, deps.fetcher, extract_timeout_s=deps.settings.fetch.extract_timeout_s
-            )
-            jobs.save_page(job_id, url_id, page)
-        except FetchError as exc:
-            stage = "extract" if exc.reason == "extraction" else "fetch"
-            _fail(deps, job_id, url_id, url, stage, exc)
+        with _delivery(deps, job_id, "fetch", url_id, url=url) as alive:
+            page = _fetch_page(deps, job_id, url_id, url) if alive else None
         jobs.mark_stage(job_id, "fetch", start=False)
     jobs.complete(job_id, "fetch", url_id, total=len(jobs.urls(job_id)))
     if page is not None:
@@ -134,26 +130,9 @@ def embed(self: Task[Any, Any], job_id: str, url_id: str) -> str:
     page = jobs.page_for(job_id, url_id)
     if page is not None and not jobs.is_done(job_id, "embed", url_id):
         jobs.mark_stage(job_id, "embed", start=True)
-        try:
-            outcome = index_page(
-                page,
-                embedder=deps.embedder,
-                store=deps.store,
-                chunking=deps.settings.chunk,
-                embedding=deps.settings.embed,
-            )
-            jobs.add_counts(
-                job_id,
-                chunks=outcome.chunks,
-                embed_requests=outcome.requests,
-                tokens_embedded=outcome.tokens,
-            )
-        except TransientError as exc:
-            if _can_retry(self):
-                _retry(self, exc)
-            _fail(deps, job_id, url_id, page.url, "embed", exc)
-        except WebctxError as exc:
-            _fail(deps, job_id, url_id, page.url, "embed", exc)
+        with _delivery(deps, job_id, "embed", url_id, url=page.url) as alive:
+            if alive:
+                _embed_page(self, deps, job_id, url_id, page)
         jobs.mark_stage(job_id, "embed", start=False)
     _settle(deps, job_id, url_id)
     return url_id
@@ -190,6 +169,8 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
             top_k=request.top_k,
             token_budget=request.token_budget,
             embedding=deps.settings.embed,
+            cache=deps.cache,
+            limiter=deps.limiter,
         )
     except TransientError as exc:
         if _can_retry(self):
@@ -203,6 +184,71 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
         jobs.set_status(job_id, JobStatus.SUCCEEDED)
         logger.info("job succeeded", extra={"job_id": job_id, "chunks": len(bundle.chunks)})
     return job_id
+
+
+def _fetch_page(deps: Deps, job_id: str, url_id: str, url: str) -> Page | None:
+    try:
+        timeout_s = deps.settings.fetch.extract_timeout_s
+        page = fetch_page(url, deps.fetcher, extract_timeout_s=timeout_s)
+    except FetchError as exc:
+        stage = "extract" if exc.reason == "extraction" else "fetch"
+        _fail(deps, job_id, url_id, url, stage, exc)
+        return None
+    except Exception as exc:  # a bug on an odd page must settle it, not stall the job
+        logger.exception("fetch failed", extra={"job_id": job_id, "url": url})
+        _fail(deps, job_id, url_id, url, "fetch", exc)
+        return None
+    deps.jobs.save_page(job_id, url_id, page)
+    return page
+
+
+def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> None:
+    try:
+        outcome = index_page(
+            page,
+            embedder=deps.embedder,
+            store=deps.store,
+            chunking=deps.settings.chunk,
+            embedding=deps.settings.embed,
+            cache=deps.cache,
+            limiter=deps.limiter,
+        )
+    except TransientError as exc:
+        if _can_retry(task):
+            _retry(task, exc)
+        _fail(deps, job_id, url_id, page.url, "embed", exc)
+        return
+    except Exception as exc:  # a bug on an odd page must settle it, not stall the job
+        logger.exception("embed failed", extra={"job_id": job_id, "url": page.url})
+        _fail(deps, job_id, url_id, page.url, "embed", exc)
+        return
+    deps.jobs.add_counts(
+        job_id,
+        chunks=outcome.chunks,
+        embed_requests=outcome.requests,
+        tokens_embedded=outcome.tokens,
+        cache_hits=outcome.cache_hits,
+        tokens_saved=outcome.tokens_saved,
+    )
+
+
+@contextmanager
+def _delivery(deps: Deps, job_id: str, task: str, item: str, *, url: str) -> Iterator[bool]:
+    """False, with a `worker_lost` failure recorded, once `max_deliveries` deliveries of this
+    item died with their worker: Celery's requeue of those is unconditional (TRAPS 1)."""
+    jobs = deps.jobs
+    lost = jobs.start_delivery(job_id, task, item) - 1
+    try:
+        if lost >= deps.settings.max_deliveries:
+            error = f"the worker died {lost} times while running {task} on this item; skipped"
+            failure = Failure(url=url, stage=task, error=error, reason="worker_lost")  # type: ignore[arg-type]
+            jobs.add_failure(job_id, item, failure)
+            logger.warning("item skipped", extra={"job_id": job_id, "url": url, "lost": lost})
+            yield False
+        else:
+            yield True
+    finally:
+        jobs.end_delivery(job_id, task, item)
 
 
 def _settle(deps: Deps, job_id: str, url_id: str) -> None:
@@ -229,6 +275,8 @@ def _stats(deps: Deps, job_id: str, *, pages_count: int) -> BundleStats:
         chunks=counters.get("chunks", 0),
         embed_requests=counters.get("embed_requests", 0),
         tokens_embedded=counters.get("tokens_embedded", 0),
+        cache_hits=counters.get("cache_hits", 0),
+        tokens_saved=counters.get("tokens_saved", 0),
     )
 
 

@@ -174,6 +174,25 @@ def test_status_reports_progress_counts_in_broker_mode(
     assert status["urls"] == 8 and status["fetched"] + status["failed"] >= 8
 
 
+def test_second_run_of_a_job_embeds_nothing_in_broker_mode(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
+) -> None:
+    env = clean_env(
+        **test_web.env(), CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q")
+    )
+    start_worker(env)
+    runs = []
+    for _ in range(2):
+        done = run_cli(env, "research", QUESTION, "--max-sources", "8")
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(Bundle.model_validate_json(done.stdout).stats)
+    first, second = runs
+    assert first.tokens_embedded > 0
+    assert second.tokens_embedded == 0 and second.embed_requests == 0
+    assert second.cache_hits == first.chunks + 1  # every chunk and the question
+    assert second.tokens_saved == first.tokens_embedded
+
+
 def test_rerunning_embed_of_a_page_adds_no_point(test_web: LoopbackWeb, tmp_path: Path) -> None:
     env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
     first = run_cli(env, "research", QUESTION, "--max-sources", "6")

@@ -1,0 +1,211 @@
+"""What the HTTP API and the MCP server share: the runtime, callers, submission, waiting.
+
+`Runtime` holds the job store and the key store of one process. In broker mode they are
+the broker's Redis and workers run elsewhere; with no broker (`CELERY_BROKER_URL` unset)
+an embedded thread-pool worker runs inside this process, as for `webctx research`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated
+
+import anyio
+import anyio.to_thread
+from fastapi import Depends, Request
+
+from webctx.errors import ConfigError, InvalidRequest, JobNotFound, WebctxError
+from webctx.jobs import JobProgress, JobStore
+from webctx.models import JobRequest
+from webctx.settings import Settings
+from webctx.tenants import TenantStore
+
+logger = logging.getLogger(__name__)
+
+
+# Errors of the edge, in the webctx tree so the one handler maps them too.
+class Unauthorized(WebctxError):
+    """No API key, or an unknown or revoked one (401)."""
+
+
+class TooManyRequests(WebctxError):
+    """The key spent its request budget for this window (429)."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Conflict(WebctxError):
+    """The job is not in a state that allows this (409)."""
+
+
+@dataclass
+class Runtime:
+    """The stores one API or MCP process works with."""
+
+    settings: Settings
+    jobs: JobStore
+    tenants: TenantStore
+
+    @property
+    def auth_required(self) -> bool:
+        """True unless WEBCTX_API_AUTH=disabled."""
+        return self.settings.api_auth == "required"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated caller: its tenant, and its key id (None without keys)."""
+
+    tenant: str
+    key_id: str | None = None
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_auth_setting(settings: Settings, host: str) -> None:
+    """Refuse WEBCTX_API_AUTH=disabled on anything but a loopback address."""
+    if settings.api_auth == "disabled" and not is_loopback(host):
+        raise ConfigError(
+            f"WEBCTX_API_AUTH=disabled is for local use: refused on non-loopback host {host!r}"
+        )
+
+
+@contextmanager
+def open_runtime(settings: Settings, *, keys: bool = True) -> Iterator[Runtime]:
+    """The runtime for `settings`, with an embedded worker when no broker is set.
+
+    `keys=False` (stdio MCP) skips the check that API keys can be stored.
+    """
+    if settings.embedded:
+        if keys and settings.api_auth == "required" and not settings.state_url():
+            raise ConfigError(
+                "API keys live in Redis: set WEBCTX_REDIS_URL (or CELERY_BROKER_URL), "
+                "or WEBCTX_API_AUTH=disabled for keyless local use"
+            )
+        from workers.embedded import embedded_worker
+
+        with embedded_worker(settings) as deps:
+            yield Runtime(settings, deps.jobs, TenantStore(deps.jobs.r))
+        return
+    from workers.deps import state_client
+
+    jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
+    try:
+        yield Runtime(settings, jobs, TenantStore(jobs.r))
+    finally:
+        jobs.r.close()
+
+
+def authenticate(runtime: Runtime, authorization: str | None) -> Caller:
+    """The caller behind an `Authorization: Bearer` header, rate-limited per key."""
+    if not runtime.auth_required:
+        return Caller(tenant=runtime.settings.local_tenant)
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    record = runtime.tenants.resolve(token.strip())
+    if record is None:
+        raise Unauthorized("invalid or revoked API key")
+    limit = record.rate_limit or runtime.settings.api_rate_limit_per_minute
+    decision = runtime.tenants.hit(record.key_id, limit=limit)
+    if not decision.allowed:
+        raise TooManyRequests(
+            f"rate limit of {limit} requests per minute exceeded",
+            retry_after_s=decision.retry_after_s,
+        )
+    return Caller(tenant=record.tenant, key_id=record.key_id)
+
+
+def get_runtime(request: Request) -> Runtime:
+    """The runtime the app's lifespan opened."""
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_caller(request: Request, runtime: RuntimeDep) -> Caller:
+    """Dependency: authenticate the request (401/429 otherwise)."""
+    return authenticate(runtime, request.headers.get("authorization"))
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+def owned_progress(runtime: Runtime, caller: Caller, job_id: str) -> JobProgress:
+    """The job's progress if `caller`'s tenant owns it; JobNotFound otherwise (no leak)."""
+    if len(job_id) > 64 or runtime.jobs.tenant(job_id) != caller.tenant:
+        raise JobNotFound(job_id)
+    return runtime.jobs.progress(job_id)
+
+
+def submit(
+    runtime: Runtime, caller: Caller, request: JobRequest, *, idempotency_key: str | None = None
+) -> tuple[str, bool]:
+    """Start a job for the caller; (job id, True if new). Same idempotency key, same job."""
+    from workers.pipeline import submit_job
+
+    job_id = uuid.uuid4().hex
+    if idempotency_key is not None:
+        if not 1 <= len(idempotency_key) <= 255:
+            raise InvalidRequest("Idempotency-Key must be 1-255 characters")
+        claimed = runtime.jobs.claim_idempotency_key(caller.tenant, idempotency_key, job_id)
+        if claimed != job_id:
+            _check_same_request(runtime, claimed, request)
+            return claimed, False
+    submit_job(
+        runtime.jobs,
+        request,
+        timeout_s=runtime.settings.job_timeout_s,
+        job_id=job_id,
+        tenant=caller.tenant,
+    )
+    logger.info("job submitted", extra={"job_id": job_id, "tenant": caller.tenant})
+    return job_id, True
+
+
+def _check_same_request(runtime: Runtime, job_id: str, request: JobRequest) -> None:
+    try:
+        previous = runtime.jobs.request(job_id)
+    except JobNotFound:
+        return  # the first caller is creating it this very moment
+    if previous != request:
+        raise Conflict(f"Idempotency-Key already used for job {job_id} with a different request")
+
+
+async def wait_for_finish(
+    runtime: Runtime,
+    job_id: str,
+    *,
+    timeout_s: float,
+    on_progress: Callable[[JobProgress], Awaitable[None]] | None = None,
+    interval_s: float = 0.2,
+) -> JobProgress:
+    """Poll the job until it finishes or `timeout_s` passes; returns the last snapshot."""
+    last: JobProgress | None = None
+    with anyio.move_on_after(timeout_s):
+        while True:
+            progress = await anyio.to_thread.run_sync(runtime.jobs.progress, job_id)
+            if on_progress is not None and (last is None or progress != last):
+                await on_progress(progress)
+            last = progress
+            if progress.finished:
+                return progress
+            await anyio.sleep(interval_s)
+    return await anyio.to_thread.run_sync(runtime.jobs.progress, job_id)

@@ -1,0 +1,166 @@
+"""The HTTP API: FastAPI app factory, error mapping, and the mounted MCP endpoint.
+
+    webctx api --host 127.0.0.1 --port 8000
+    uvicorn --factory api.http:create_app          # or gunicorn -k uvicorn.workers.UvicornWorker
+
+OpenAPI at /openapi.json, docs at /docs, MCP (streamable HTTP) at /mcp.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
+
+from api.deps import (
+    Conflict,
+    Runtime,
+    TooManyRequests,
+    Unauthorized,
+    check_auth_setting,
+    open_runtime,
+)
+from webctx.errors import (
+    ConfigError,
+    FetchError,
+    InvalidRequest,
+    JobNotFound,
+    ProviderError,
+    RateLimited,
+    TransientError,
+    WebctxError,
+)
+from webctx.settings import Settings, get_settings
+from webctx.tenants import InvalidTenant
+from workers.metrics import observe_api
+
+logger = logging.getLogger(__name__)
+
+# The one mapping of the error tree to HTTP: (status, code). First match wins.
+_STATUS: list[tuple[type[WebctxError], int, str]] = [
+    (Unauthorized, 401, "unauthorized"),
+    (TooManyRequests, 429, "rate_limited"),
+    (JobNotFound, 404, "not_found"),
+    (Conflict, 409, "conflict"),
+    (InvalidRequest, 422, "invalid_request"),
+    (InvalidTenant, 422, "invalid_request"),
+    (RateLimited, 503, "provider_rate_limited"),
+    (TransientError, 503, "unavailable"),
+    (ConfigError, 503, "misconfigured"),
+    (ProviderError, 502, "provider_error"),
+    (FetchError, 502, "fetch_error"),
+]
+
+
+def error_response(exc: WebctxError) -> JSONResponse:
+    """The HTTP response for an error of the webctx tree."""
+    status, code = 500, "internal"
+    for cls, cls_status, cls_code in _STATUS:
+        if isinstance(exc, cls):
+            status, code = cls_status, cls_code
+            break
+    headers: dict[str, str] = {}
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="webctx"'
+    if isinstance(exc, TooManyRequests):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    if status >= 500:
+        logger.warning("request failed", extra={"error": type(exc).__name__, "exc": str(exc)})
+    return JSONResponse({"error": code, "message": str(exc)}, status, headers=headers)
+
+
+def _validation_message(errors: list[Any]) -> str:
+    parts = []
+    for err in errors[:10]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def _install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(WebctxError)
+    async def _webctx(_: Request, exc: WebctxError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
+        ]
+        body = {"error": "invalid_request", "message": _validation_message(errors)}
+        return JSONResponse({**body, "detail": errors}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(
+            {"error": code, "message": str(exc.detail)}, exc.status_code, headers=exc.headers
+        )
+
+
+class McpAuth:
+    """ASGI guard in front of the MCP endpoint: the same keys and rate limit as /v1."""
+
+    def __init__(self, app: StreamableHTTPASGIApp, fastapi_app: FastAPI) -> None:
+        self.app = app
+        self.fastapi_app = fastapi_app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from api.deps import authenticate
+
+        if scope["type"] == "http":
+            runtime: Runtime = self.fastapi_app.state.runtime
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            try:
+                await anyio.to_thread.run_sync(
+                    authenticate, runtime, headers.get("authorization")
+                )
+            except WebctxError as exc:
+                await error_response(exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, host: str | None = None) -> FastAPI:
+    """The API app; `host` is the bind address (default WEBCTX_API_HOST) for the auth switch."""
+    from api.mcp import build_mcp
+    from api.routes import context, health, jobs
+
+    settings = settings or get_settings()
+    check_auth_setting(settings, host or settings.api_host)
+    mcp_server = build_mcp(lambda: app.state.runtime)
+    mcp_server.streamable_http_app(host=host or settings.api_host)  # creates its session manager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            runtime = await anyio.to_thread.run_sync(
+                lambda: stack.enter_context(open_runtime(settings))
+            )
+            app.state.runtime = runtime
+            await stack.enter_async_context(mcp_server.session_manager.run())
+            yield
+
+    app = FastAPI(
+        title="webctx",
+        version="1",
+        summary="Research questions into cited, web-grounded context bundles.",
+        lifespan=lifespan,
+    )
+    _install_handlers(app)
+    app.include_router(jobs.router)
+    app.include_router(context.router)
+    app.include_router(health.router)
+    guard = McpAuth(StreamableHTTPASGIApp(mcp_server.session_manager), app)
+    app.router.routes.append(Route("/mcp", endpoint=guard, methods=["GET", "POST", "DELETE"]))
+    observe_api(app)  # GET /metrics (jobs, queue depths), and traces with WEBCTX_OTEL
+    return app

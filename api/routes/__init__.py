@@ -1,0 +1,1 @@
+"""HTTP routes of the jobs API: jobs, the synchronous context call, health."""

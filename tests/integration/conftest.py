@@ -1,0 +1,157 @@
+"""Fixtures of the API and MCP tests: a paced loopback web (every page takes a moment,
+so a job can be cancelled mid-fetch), and one API stack per module: Redis db 11, a
+`webctx worker` and a `webctx api` process on an ephemeral port, keys for two tenants."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import trafilatura
+
+from tests.conftest import ROOT, WorkerProcess, clean_env, redis_url
+from tests.testweb import MODEL, LoopbackWeb
+from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.demo.web import load_corpus
+from webctx.devweb.embeddings import make_embeddings_app
+from webctx.devweb.searxng import SearchDoc, make_searxng_app
+from webctx.devweb.server import LoopbackServer
+from webctx.devweb.site import SitePage, make_site_app
+from webctx.tenants import TenantStore
+
+PAGE_DELAY_S = 0.3
+
+
+def start_paced_web(delay_s: float = PAGE_DELAY_S) -> LoopbackWeb:
+    """The demo corpus, each page answered after `delay_s`, with search and embeddings."""
+    corpus = load_corpus()
+    hits: collections.Counter[str] = collections.Counter()
+    pages = {p.path: SitePage(body=p.html, delay_s=delay_s) for p in corpus}
+    site = LoopbackServer(make_site_app(pages, hits=hits)).start()
+    docs = [
+        SearchDoc(site.url + p.path, p.title, trafilatura.extract(p.html) or "", p.published)
+        for p in corpus
+    ]
+    search = LoopbackServer(make_searxng_app(docs)).start()
+    embed = HashEmbedder(model=MODEL).embed
+    embeddings = LoopbackServer(make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None)).start()
+    return LoopbackWeb(site=site, search=search, embeddings=embeddings, hits=hits)
+
+
+def free_port() -> int:
+    """A port the OS just handed out (released for the server to take)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ApiProcess:
+    """`webctx api` on an ephemeral loopback port."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "api", "--port", str(self.port)],
+            env=env,
+            cwd=ROOT,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until /healthz answers."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"api exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"api not ready: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL the process group."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self._fh.close()
+
+
+@dataclass
+class ApiStack:
+    """A running API with a worker behind it, and one key per tenant."""
+
+    url: str
+    web: LoopbackWeb
+    env: dict[str, str]
+    keys: dict[str, str]
+
+    def client(self, tenant: str = "alpha") -> httpx.Client:
+        """An HTTP client authenticated as `tenant`."""
+        headers = {"Authorization": f"Bearer {self.keys[tenant]}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def paced_web() -> Iterator[LoopbackWeb]:
+    """A paced loopback web for one test module."""
+    web = start_paced_web()
+    yield web
+    web.stop()
+
+
+@pytest.fixture(scope="module")
+def api_stack(
+    request: pytest.FixtureRequest,
+    paced_web: LoopbackWeb,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ApiStack]:
+    """Redis db 11 (flushed at start and end), one worker, the API, two tenants' keys.
+
+    A test module may set `API_ENV` (a dict) to add settings to both processes.
+    """
+    tmp = tmp_path_factory.mktemp("api")
+    client = redis.Redis.from_url(redis_url(), decode_responses=True)
+    client.flushdb()
+    env = clean_env(
+        **paced_web.env(),
+        **getattr(request.module, "API_ENV", {}),
+        CELERY_BROKER_URL=redis_url(),
+        WEBCTX_QDRANT_PATH=str(tmp / "q"),
+    )
+    worker = WorkerProcess(env, "-c", "4", log=tmp / "worker.log")
+    api = ApiProcess(env, tmp / "api.log")
+    try:
+        worker.wait_ready(timeout_s=90)  # generous: CI machines are shared
+        api.wait_ready(timeout_s=90)
+        # In-process (test_api covers `webctx keys create`): saves two CLI start-ups.
+        store = TenantStore(client)
+        keys = {tenant: store.create_key(tenant)[0] for tenant in ("alpha", "beta")}
+        yield ApiStack(url=api.url, web=paced_web, env=env, keys=keys)
+    finally:
+        api.stop()
+        worker.stop()
+        client.flushdb()
+        client.close()
