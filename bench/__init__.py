@@ -1,0 +1,1 @@
+"""Benchmarks; each writes its own section of docs/benchmarks.md with --write."""
