@@ -12,6 +12,9 @@ from webctx.settings import get_settings
 _settings = get_settings()
 
 broker_url = _settings.broker_url or "memory://localhost/"
+if broker_url.startswith("redis://"):
+    # kombu's Redis transport, fixed so workers survive a Redis restart (workers/broker.py).
+    broker_transport = "workers.broker:RedisTransport"
 result_backend = _settings.result_backend or (
     _settings.broker_url
     if _settings.broker_url and _settings.broker_url.startswith("redis")

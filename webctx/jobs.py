@@ -342,7 +342,7 @@ class JobStore:
         pipe.hget(self._k(job_id, "meta"), f"next:{step}")
         self._expire(pipe, done)
         added, count, started = pipe.execute()[:3]
-        if count < total:
+        if total <= 0 or count < total:  # no items: the job's state was lost (Redis emptied)
             return False
         return bool(added) or started is None
 
@@ -389,7 +389,7 @@ class JobStore:
     def progress(self, job_id: str) -> JobProgress:
         """A consistent-enough snapshot for display."""
         meta = cast(dict[str, str], self.r.hgetall(self._k(job_id, "meta")))
-        if not meta:
+        if "status" not in meta:  # unknown, or a stray write after Redis came back empty
             raise JobNotFound(job_id)
         return JobProgress(
             job_id=job_id,

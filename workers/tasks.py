@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+import redis
 from celery import Task
 
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
@@ -218,6 +219,10 @@ def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page
             _retry(task, exc)
         _fail(deps, job_id, url_id, page.url, "embed", exc)
         return
+    except redis.RedisError:
+        # The job store / embedding cache is down (Redis restarting), not the page: no
+        # page failure; the unacked task is redelivered after the visibility timeout.
+        raise
     except Exception as exc:  # a bug on an odd page must settle it, not stall the job
         logger.exception("embed failed", extra={"job_id": job_id, "url": page.url})
         _fail(deps, job_id, url_id, page.url, "embed", exc)

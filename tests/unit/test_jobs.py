@@ -89,3 +89,16 @@ def test_every_job_key_expires(jobs: JobStore) -> None:
 def test_unknown_job_raises_not_found(jobs: JobStore) -> None:
     with pytest.raises(JobNotFound):
         jobs.progress("nope")
+
+
+def test_completion_with_no_items_starts_nothing(jobs: JobStore) -> None:
+    # A task finishing after Redis came back empty sees zero URLs: never start a stage.
+    job = jobs.create(JobRequest(question="q"))
+    assert jobs.complete(job, "embed", "a", total=0) is False
+
+
+def test_progress_of_a_record_without_status_is_not_found(jobs: JobStore) -> None:
+    # A stray write after Redis came back empty leaves fields but no status.
+    jobs.r.hset("webctx:job:ghost:meta", "next:embed", "1")
+    with pytest.raises(JobNotFound):
+        jobs.progress("ghost")

@@ -1,0 +1,57 @@
+"""kombu's Redis transport, fixed so a worker survives its broker restarting.
+
+With celery/kombu 5.7 a worker that holds unacked messages (every worker with `acks_late`
+mid-job, and any worker holding a job's deadline watchdog) dies with "Unrecoverable
+error: AttributeError('NoneType' object has no attribute 'hostname')" when Redis goes
+away: the consumer collects the lost connection (which drops the transport's client),
+then closes it, and the channel's close tries to requeue its unacked messages through a
+new connection pool built from that client. Measured in tests/integration/
+test_durability.py: the worker exited and the job waited until the CLI's timeout.
+
+Then a task received before the loss that ends after the reconnect kills it the same way
+when it acks through its old channel. Neither the requeue at close nor that ack is
+needed on Redis: each unacked message is also kept in the broker (`unacked` hash) and
+comes back after the visibility timeout (TRAPS 2), while the task may still be running
+in this process (a thread cannot be cancelled). So once the connection has been
+collected, this channel leaves its messages to that sweep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+
+
+class _QoS(kombu_redis.QoS):
+    def _collected(self) -> bool:
+        """True once the consumer dropped this channel's connection (the broker was lost)."""
+        transport = self.channel.connection
+        return transport is None or transport.client is None
+
+    def restore_unacked(self, client: Any = None) -> Any:
+        if self._collected():
+            self._delivered.clear()  # still in Redis' unacked hash: the sweep requeues them
+            return None
+        return super().restore_unacked(client)
+
+    def ack(self, delivery_tag: str) -> None:
+        # A task received before the connection was lost ends after the reconnect: its
+        # message stays unacked and is redelivered after the visibility timeout, where
+        # the (idempotent) task finds its work done.
+        if not self._collected():
+            super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if not self._collected():
+            super().reject(delivery_tag, requeue=requeue)
+
+
+class _Channel(kombu_redis.Channel):
+    QoS = _QoS
+
+
+class RedisTransport(kombu_redis.Transport):
+    """`redis://` broker transport whose workers reconnect after a Redis restart."""
+
+    Channel = _Channel
