@@ -58,15 +58,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-class WorkerProcess:
-    """A `webctx worker` subprocess; stopped with SIGTERM (or killed) at the end."""
+class CliProcess:
+    """A `webctx ARGS` subprocess in its own process group, output in a log file."""
 
-    def __init__(self, env: dict[str, str], *args: str, log: Path) -> None:
+    kind = "process"
+
+    def __init__(self, env: dict[str, str], args: list[str], *, log: Path) -> None:
         self.log = log
-        cmd = [sys.executable, "-m", "api.cli", "worker", "--loglevel", "INFO", *args]
         self._fh = log.open("wb")
         self.proc = subprocess.Popen(
-            cmd,
+            [sys.executable, "-m", "api.cli", *args],
             env=env,
             cwd=ROOT,
             stdout=self._fh,
@@ -74,16 +75,20 @@ class WorkerProcess:
             start_new_session=True,
         )
 
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Block until the worker logs that it is ready."""
+    def ready(self) -> bool:
+        """True once the process serves."""
+        raise NotImplementedError
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """Block until ready (generous by default: CI machines are shared)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited: {self.log.read_text()[-3000:]}")
-            if b"ready." in self.log.read_bytes():
+                raise RuntimeError(f"{self.kind} exited: {self.log.read_text()[-3000:]}")
+            if self.ready():
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"worker not ready: {self.log.read_text()[-3000:]}")
+        raise RuntimeError(f"{self.kind} not ready: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
         """SIGTERM (warm shutdown), then SIGKILL the whole process group if needed."""
@@ -95,6 +100,19 @@ class WorkerProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=5)
         self._fh.close()
+
+
+class WorkerProcess(CliProcess):
+    """A `webctx worker` subprocess."""
+
+    kind = "worker"
+
+    def __init__(self, env: dict[str, str], *args: str, log: Path) -> None:
+        super().__init__(env, ["worker", "--loglevel", "INFO", *args], log=log)
+
+    def ready(self) -> bool:
+        """True once the worker logged that it consumes."""
+        return b"ready." in self.log.read_bytes()
 
 
 @pytest.fixture

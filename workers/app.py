@@ -2,5 +2,8 @@
 
 from celery import Celery
 
+from workers.metrics import install_worker_signals
+
 app = Celery("webctx", include=["workers.tasks"])
 app.config_from_object("celeryconfig")
+install_worker_signals(app)  # stage metrics, job_id/task_id on log lines, optional tracing

@@ -5,12 +5,7 @@ so a job can be cancelled mid-fetch), and one API stack per module: Redis db 11,
 from __future__ import annotations
 
 import collections
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +15,7 @@ import pytest
 import redis
 import trafilatura
 
-from tests.conftest import ROOT, WorkerProcess, clean_env, redis_url
+from tests.conftest import CliProcess, WorkerProcess, clean_env, redis_url
 from tests.testweb import MODEL, LoopbackWeb
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.demo.web import load_corpus
@@ -56,47 +51,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class ApiProcess:
+class ApiProcess(CliProcess):
     """`webctx api` on an ephemeral loopback port."""
+
+    kind = "api"
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self._fh = log.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "api", "--port", str(self.port)],
-            env=env,
-            cwd=ROOT,
-            stdout=self._fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        super().__init__(env, ["api", "--port", str(self.port)], log=log)
 
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Block until /healthz answers."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"api exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"api not ready: {self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL the process group."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        self._fh.close()
+    def ready(self) -> bool:
+        """True once /healthz answers 200."""
+        try:
+            return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
 
 
 @dataclass

