@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test check bench
+.PHONY: install demo test check bench bench-quality
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,10 @@ check: install
 
 bench: install
 	$(PY) bench/vector_store.py --write
+	$(PY) bench/pipeline_job.py --write
+
+# Extraction F1/speed, answer recall per budget and citation checks (issue #11); vectors
+# are cached in bench/out/, so only the first run embeds the QA pages.
+bench-quality: install
+	$(PY) bench/extraction.py --write
+	$(PY) bench/answer_recall.py --write

@@ -13,7 +13,7 @@ from webctx.settings import ChunkSettings, EmbedSettings
 from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page
 from webctx.stages.embed import CachedEmbedOutcome, embed_texts, embed_with_cache
-from webctx.stages.rank import rank_chunks
+from webctx.stages.rank import fuse_lexical, rank_chunks
 from webctx.stages.store import make_points, store_chunks
 
 
@@ -90,8 +90,9 @@ def _embed_chunks(
 
 
 def candidate_limit(top_k: int, pages: int) -> int:
-    """How many nearest chunks to pull before de-duplication and packing."""
-    return max(top_k * 10, pages * 8, 100)
+    """How many nearest chunks to pull before fusion, de-duplication and packing: enough
+    to hold every chunk of ordinary pages, as BM25 is computed over the candidates."""
+    return max(top_k * 10, pages * 128, 100)
 
 
 def answer_question(
@@ -110,7 +111,7 @@ def answer_question(
     cache: RedisEmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
 ) -> Bundle:
-    """Embed the question, retrieve the job's chunks, rank, pack and cite them."""
+    """Embed the question, retrieve the job's chunks, fuse cosine and BM25 ranks, pack, cite."""
     outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
     stats.embed_requests += outcome.requests
     stats.tokens_embedded += outcome.tokens
@@ -129,6 +130,7 @@ def answer_question(
         for c in found
         if c.chunk.content_sha256 in pages
     ]
+    candidates = fuse_lexical(question, candidates)
     ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget)
     return build_bundle(
         job_id=job_id,

@@ -35,8 +35,10 @@ class FetchSettings(BaseModel):
 class ChunkSettings(BaseModel):
     """Chunking targets in tokens (WEBCTX_CHUNK__<NAME>)."""
 
-    max_tokens: int = 256
-    overlap_tokens: int = 32
+    # Small chunks: a bundle of a few hundred tokens then holds several passages, not one
+    # or two pages' worth (bench/answer_recall.py, docs/benchmarks.md).
+    max_tokens: int = 64
+    overlap_tokens: int = 0
 
 
 class EmbedSettings(BaseModel):

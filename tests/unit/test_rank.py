@@ -8,7 +8,7 @@ import pytest
 
 from tests.factories import make_page, make_scored, one_hot
 from webctx.models import ScoredChunk
-from webctx.stages.rank import cosine, rank_chunks
+from webctx.stages.rank import bm25_scores, cosine, fuse_lexical, fuse_ranks, rank_chunks
 
 
 def _texts(scored: list[ScoredChunk]) -> list[str]:
@@ -138,3 +138,36 @@ def test_cosine_of_simple_vectors() -> None:
     assert cosine([1.0, 1.0], [-1.0, -1.0]) == pytest.approx(-1.0)
     assert cosine([0.0, 0.0], [1.0, 0.0]) == 0.0
     assert cosine([1.0], [1.0, 0.0]) == 0.0
+
+
+def test_bm25_prefers_rare_question_terms_and_ignores_case() -> None:
+    texts = ["The treaty was signed in Utrecht in 1713.", "The war ended.", "The the the."]
+    scores = bm25_scores("Where was the TREATY signed?", texts)
+    assert scores[0] > scores[1] > 0.0
+    assert scores[0] > scores[2]
+    assert bm25_scores("anything", []) == []
+
+
+def test_fuse_ranks_adds_reciprocal_ranks_and_ties_share_a_rank() -> None:
+    fused = fuse_ranks([[0.9, 0.5, 0.1], [0.0, 2.0, 2.0]], k=60)
+    assert fused == pytest.approx([1 / 61 + 1 / 63, 1 / 62 + 1 / 61, 1 / 63 + 1 / 61])
+    assert fuse_ranks([]) == []
+
+
+def test_fusion_lifts_the_chunk_that_spells_out_the_questions_terms() -> None:
+    # Dense ranks the paraphrase first; the exact-term chunk is second by cosine but first
+    # by BM25, and fusion puts it on top: at a tight budget it is the one kept.
+    question = "In which year did Fermat state his last theorem?"
+    paraphrase = make_scored("A famous conjecture about powers of integers.", score=0.80,
+                             tokens=10, url="https://a.example", vector=one_hot(0))  # fmt: skip
+    exact = make_scored("Fermat stated the last theorem in the year 1637.", score=0.78,
+                        tokens=10, url="https://b.example", vector=one_hot(1))  # fmt: skip
+    filler = [
+        make_scored(f"Unrelated passage {i} about the year of cooking.", score=0.5 - i / 100,
+                    tokens=10, url=f"https://c{i}.example", vector=one_hot(2 + i))  # fmt: skip
+        for i in range(3)
+    ]
+    fused = fuse_lexical(question, [paraphrase, exact, *filler])
+    ranked = rank_chunks(fused, top_k=10, token_budget=10)
+    assert _texts(ranked) == [exact.chunk.text]
+    assert [c.chunk.text for c in fused] == [c.chunk.text for c in [paraphrase, exact, *filler]]

@@ -6,11 +6,15 @@ several sites counts once), overlaps a selected chunk of the same page (overlap 
 would push the token sum past the budget. Sources over `per_source_cap` are deferred and
 considered again only once every other candidate has been tried. MMR can later replace
 `_by_score` with an order that also penalises similarity to the selected set.
+
+Scores are cosine similarities, or, after `fuse_lexical`, reciprocal-rank fusions of cosine
+and BM25 ranks (what `answer_question` passes in).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -20,6 +24,9 @@ import numpy.typing as npt
 from webctx.models import ScoredChunk
 
 _Vector = npt.NDArray[np.float64]
+_WORD = re.compile(r"\w+", re.UNICODE)
+RRF_K = 60
+"""Reciprocal-rank-fusion constant (Cormack et al. 2009): rank r adds 1 / (RRF_K + r)."""
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -29,6 +36,63 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
         return 0.0
     norms = float(np.linalg.norm(va) * np.linalg.norm(vb))
     return float(va @ vb) / norms if norms > 0.0 else 0.0
+
+
+def bm25_scores(
+    query: str, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75
+) -> list[float]:
+    """Okapi BM25 of each text for `query`, document frequencies taken over `texts`."""
+    docs = [Counter(w.lower() for w in _WORD.findall(t)) for t in texts]
+    if not docs:
+        return []
+    terms = {w.lower() for w in _WORD.findall(query)}
+    lengths = [sum(d.values()) for d in docs]
+    avg = sum(lengths) / len(docs) or 1.0
+    n = len(docs)
+    idf = {}
+    for term in terms:
+        df = sum(1 for d in docs if term in d)
+        idf[term] = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    scores = []
+    for doc, length in zip(docs, lengths, strict=True):
+        norm = k1 * (1 - b + b * length / avg)
+        scores.append(
+            sum(idf[t] * doc[t] * (k1 + 1) / (doc[t] + norm) for t in terms if t in doc)
+        )
+    return scores
+
+
+def fuse_ranks(score_lists: Sequence[Sequence[float]], *, k: int = RRF_K) -> list[float]:
+    """Reciprocal rank fusion of several scorings of the same items (higher is better).
+
+    Each list ranks the items by its own score (ties share the better rank); an item's
+    fused score is the sum of 1 / (k + rank) over the lists, rank 1 being the best.
+    """
+    if not score_lists:
+        return []
+    fused = [0.0] * len(score_lists[0])
+    for scores in score_lists:
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])
+        rank = 0
+        for position, i in enumerate(order):
+            if position == 0 or scores[i] != scores[order[position - 1]]:
+                rank = position + 1
+            fused[i] += 1.0 / (k + rank)
+    return fused
+
+
+def fuse_lexical(
+    question: str, candidates: Sequence[ScoredChunk], *, k: int = RRF_K
+) -> list[ScoredChunk]:
+    """Candidates re-scored by reciprocal rank fusion of their cosine and the question's BM25.
+
+    BM25 is computed over the candidates themselves, so the job's chunks should all be
+    candidates. Dense retrieval alone misses exact names and numbers the question spells
+    out; BM25 alone misses paraphrase (bench/answer_recall.py).
+    """
+    lexical = bm25_scores(question, [c.chunk.text for c in candidates])
+    fused = fuse_ranks([[c.score for c in candidates], lexical], k=k)
+    return [c.model_copy(update={"score": f}) for c, f in zip(candidates, fused, strict=True)]
 
 
 def rank_chunks(

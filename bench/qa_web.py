@@ -1,0 +1,192 @@
+"""The loopback QA web of the answer-recall benchmark: SQuAD pages as a site, a
+SearxNG-compatible BM25 search over them, and an OpenAI-compatible embeddings endpoint
+backed by all-MiniLM-L6-v2 with an on-disk vector cache (bench/out/, keyed by text hash).
+
+Data: `shared/data/qa/` (docs.jsonl, queries.jsonl; see its SOURCE.md), located as
+`../shared/data` beside the repo or `$WEBCTX_BENCH_DATA`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from webctx.devweb.embeddings import make_embeddings_app
+from webctx.devweb.searxng import SearchDoc, make_searxng_app
+from webctx.devweb.server import LoopbackServer
+from webctx.devweb.site import SitePage, make_site_app
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+MODEL = "all-MiniLM-L6-v2"
+DIMENSIONS = 384
+_TAG = re.compile(r"<[^>]+>")
+
+
+def data_dir() -> Path:
+    """The shared benchmark data: $WEBCTX_BENCH_DATA, else ../shared/data beside the repo."""
+    env = os.environ.get("WEBCTX_BENCH_DATA")
+    return Path(env) if env else ROOT.parent / "shared" / "data"
+
+
+@dataclass(frozen=True)
+class QADoc:
+    """One page: a Wikipedia article as SQuAD has it, paragraphs split by blank lines."""
+
+    id: str
+    title: str
+    url_path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question with its answer strings and the page it came from."""
+
+    id: str
+    question: str
+    answers: list[str]
+    doc_id: str
+
+
+def load_qa(root: Path) -> tuple[list[QADoc], list[Question]] | None:
+    """The docs and questions, or None when the data is not there."""
+    if not (root / "docs.jsonl").exists() or not (root / "queries.jsonl").exists():
+        return None
+    docs = [QADoc(**{k: d[k] for k in ("id", "title", "url_path", "text")})
+            for d in map(json.loads, (root / "docs.jsonl").read_text().splitlines())]  # fmt: skip
+    questions = [
+        Question(q["id"], q["question"], q["answers"], q["doc_id"])
+        for q in map(json.loads, (root / "queries.jsonl").read_text().splitlines())
+    ]
+    return docs, questions
+
+
+def render_html(doc: QADoc) -> str:
+    """A page as a site would serve it: navigation and footer around the article."""
+    title = html.escape(doc.title)
+    paragraphs = "\n".join(f"<p>{html.escape(p)}</p>" for p in doc.text.split("\n\n"))
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}'
+        f'</title></head><body><nav><a href="/">Home</a> | <a href="/random">Random '
+        f'article</a> | <a href="/about">About</a></nav>\n<main><article><h1>{title}</h1>\n'
+        f"{paragraphs}\n</article></main>\n<footer>Text is available under the Creative "
+        f"Commons Attribution-ShareAlike License. Privacy policy.</footer></body></html>"
+    )
+
+
+def visible_text(markup: str) -> str:
+    """The text of served HTML, whitespace-normalised (for verbatim-quote checks)."""
+    return normalize(html.unescape(_TAG.sub(" ", markup)))
+
+
+def normalize(text: str) -> str:
+    """Whitespace-collapsed, lower-cased text (the answer-match normal form)."""
+    return " ".join(text.split()).casefold()
+
+
+class VectorCache:
+    """Vectors by sha256 of the exact text, appended to one binary file as they are made."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._vectors: dict[bytes, np.ndarray] = {}
+        self._lock = threading.Lock()
+        record = 32 + 4 * DIMENSIONS
+        if path.exists():
+            raw = path.read_bytes()
+            for at in range(0, len(raw) - len(raw) % record, record):
+                vec = np.frombuffer(raw[at + 32 : at + record], dtype="<f4")
+                self._vectors[raw[at : at + 32]] = vec
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def lookup(self, texts: Sequence[str]) -> list[np.ndarray | None]:
+        """The cached vector of each text, or None."""
+        return [self._vectors.get(_key(t)) for t in texts]
+
+    def add(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        """Remember and persist new vectors."""
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("ab") as out:
+                for text, vec in zip(texts, vectors, strict=True):
+                    key = _key(text)
+                    if key not in self._vectors:
+                        row = np.asarray(vec, dtype="<f4")
+                        self._vectors[key] = row
+                        out.write(key + row.tobytes())
+
+
+def _key(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+class CachedMiniLM:
+    """all-MiniLM-L6-v2 on CPU, each distinct text embedded once (cache on disk)."""
+
+    def __init__(self, cache: VectorCache) -> None:
+        from webctx.adapters.local_embedder import LocalEmbedder
+
+        self.cache = cache
+        self.model = MODEL
+        self._local = LocalEmbedder(batch_size=64)
+        self._lock = threading.Lock()
+        self.computed = 0
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Vectors for `texts`, computing only the ones not cached."""
+        found = self.cache.lookup(texts)
+        missing = sorted({t for t, v in zip(texts, found, strict=True) if v is None})
+        if missing:
+            with self._lock:  # one model run at a time: 2 cores
+                fresh = np.asarray(self._local.embed(missing), dtype=np.float32)
+                self.cache.add(missing, fresh)
+                self.computed += len(missing)
+            found = self.cache.lookup(texts)
+        return [np.asarray(v, dtype=np.float64).tolist() for v in found if v is not None]
+
+
+@dataclass
+class QAWeb:
+    """Site, search and embeddings servers on loopback over the QA pages."""
+
+    site: LoopbackServer
+    search: LoopbackServer
+    embeddings: LoopbackServer
+    served: dict[str, str]  # url -> HTML as served
+    embedder: CachedMiniLM
+    docs: dict[str, QADoc] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """Stop all three servers."""
+        for server in (self.site, self.search, self.embeddings):
+            server.stop()
+
+
+def start_qa_web(docs: Sequence[QADoc]) -> QAWeb:
+    """Start the three servers over `docs`."""
+    markup = {d.url_path: render_html(d) for d in docs}
+    site = LoopbackServer(make_site_app({p: SitePage(body=m) for p, m in markup.items()}))
+    site.start()
+    # SOURCE.md: the search is BM25 over title + text of every page.
+    search_docs = [SearchDoc(site.url + d.url_path, d.title, d.text) for d in docs]
+    search = LoopbackServer(make_searxng_app(search_docs)).start()
+    embedder = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}.bin"))
+    embeddings = LoopbackServer(
+        make_embeddings_app(embedder.embed, model=MODEL, rpm=None, tpm=None)
+    ).start()
+    served = {site.url + p: m for p, m in markup.items()}
+    return QAWeb(
+        site, search, embeddings, served, embedder, {site.url + d.url_path: d for d in docs}
+    )
