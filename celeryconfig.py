@@ -47,6 +47,9 @@ broker_transport_options = {
     "socket_timeout": 30,  # a half-open broker connection must not block a publish forever
     "socket_connect_timeout": 10,
     "health_check_interval": 10,
+    # Batch items' tasks carry a low priority (WEBCTX_BATCH__PRIORITY); a Redis worker
+    # polls each queue's priority-0 list (interactive jobs) before the others.
+    "priority_steps": [0, 3, 6, 9],
 }
 result_backend_transport_options = {"visibility_timeout": _VISIBILITY_S}
 visibility_timeout = _VISIBILITY_S
@@ -70,11 +73,28 @@ task_default_routing_key = "search"
 # bind to the default exchange with the default key, and every message would be
 # delivered to every queue.
 task_queues = [Queue(name, Exchange(name), routing_key=name) for name in STAGE_QUEUES]
+# The index's own queue (docs/index.md): re-index runs must not delay research jobs' stages.
+INDEX_QUEUE = "index"
+task_queues.append(Queue(INDEX_QUEUE, Exchange(INDEX_QUEUE), routing_key=INDEX_QUEUE))
 task_routes = {
     "webctx.plan": {"queue": "search"},
     "webctx.search": {"queue": "search"},
     "webctx.fetch": {"queue": "fetch"},
     "webctx.embed": {"queue": "embed"},
     "webctx.rank": {"queue": "rank"},
+    "webctx.index.*": {"queue": INDEX_QUEUE},
 }
+# Celery beat only sends ticks; the schedule itself (each source's next due time) lives in
+# Redis (webctx/sources.py), so it survives restarts, and each due run is claimed with
+# SET NX: a second beat started by mistake doubles the ticks, never the runs.
+beat_schedule = {
+    "webctx-index-tick": {
+        "task": "webctx.index.tick",
+        "schedule": _settings.index.tick_s,
+        "options": {"expires": _settings.index.tick_s},  # a backlog of ticks is pointless
+    }
+}
+task_routes["webctx.batch_feed"] = {"queue": "rank"}
+task_inherit_parent_priority = True  # a batch item's tasks all keep its low priority
+imports = ["workers.batch"]  # the batch feeder task and its job observer
 worker_hijack_root_logger = False

@@ -133,7 +133,8 @@ class McpAuth:
 def create_app(settings: Settings | None = None, *, host: str | None = None) -> FastAPI:
     """The API app; `host` is the bind address (default WEBCTX_API_HOST) for the auth switch."""
     from api.mcp import build_mcp
-    from api.routes import context, health, jobs
+    from api.routes import batches, context, health, jobs, sources
+    from api.routes import search as index_search
 
     settings = settings or get_settings()
     check_auth_setting(settings, host or settings.api_host)
@@ -159,6 +160,9 @@ def create_app(settings: Settings | None = None, *, host: str | None = None) -> 
     _install_handlers(app)
     app.include_router(jobs.router)
     app.include_router(context.router)
+    app.include_router(batches.router)
+    app.include_router(sources.router)
+    app.include_router(index_search.router)
     app.include_router(health.router)
     guard = McpAuth(StreamableHTTPASGIApp(mcp_server.session_manager), app)
     app.router.routes.append(Route("/mcp", endpoint=guard, methods=["GET", "POST", "DELETE"]))

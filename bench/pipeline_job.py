@@ -41,8 +41,19 @@ def _env(web: DemoWeb, qdrant: str, broker: bool) -> dict[str, str]:
 
 
 def _job(env: dict[str, str]) -> tuple[float, Bundle]:
-    cmd = [sys.executable, "-m", "api.cli", "research", QUESTION, "--max-sources", "20",
-           "--top-k", "12", "--token-budget", "3000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "api.cli",
+        "research",
+        QUESTION,
+        "--max-sources",
+        "20",
+        "--top-k",
+        "12",
+        "--token-budget",
+        "3000",
+    ]
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
@@ -55,10 +66,26 @@ def _workers(env: dict[str, str], logdir: str) -> list[subprocess.Popen[bytes]]:
     procs = []
     for name, queues in (("io", "search,fetch"), ("vec", "embed,rank")):
         log = open(os.path.join(logdir, f"{name}.log"), "wb")  # noqa: SIM115
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "worker", "-Q", queues, "-n", f"{name}@%h", "--loglevel", "INFO"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "api.cli",
+                    "worker",
+                    "-Q",
+                    queues,
+                    "-n",
+                    f"{name}@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         logs = [Path(logdir, f"{n}.log").read_bytes() for n in ("io", "vec")]
@@ -73,9 +100,13 @@ def _row(mode: str, runs: list[tuple[float, Bundle]]) -> str:
     job = [b.stats.elapsed_s for _, b in runs]
     stages = runs[-1][1].stats.stage_s
     b = runs[-1][1]
-    cols = " | ".join(f"{stages.get(s, 0):.2f}" for s in ("plan", "search", "fetch", "embed", "rank"))
-    return (f"| {mode} | {statistics.median(walls):.2f} | {statistics.median(job):.2f} | {cols} | "
-            f"{b.stats.fetched} | {b.stats.failed} | {b.stats.chunks} | {b.stats.embed_requests} |")
+    cols = " | ".join(
+        f"{stages.get(s, 0):.2f}" for s in ("plan", "search", "fetch", "embed", "rank")
+    )
+    return (
+        f"| {mode} | {statistics.median(walls):.2f} | {statistics.median(job):.2f} | {cols} | "
+        f"{b.stats.fetched} | {b.stats.failed} | {b.stats.chunks} | {b.stats.embed_requests} |"
+    )
 
 
 def main() -> None:
@@ -110,16 +141,21 @@ def main() -> None:
                 p.terminate()
                 p.wait(timeout=30)
     web.stop()
-    header = ("| mode | command wall s (median) | job elapsed s (median) | plan | search | fetch | "
-              "embed | rank | fetched | failed | chunks | embed requests |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|")
+    header = (
+        "| mode | command wall s (median) | job elapsed s (median) | plan | search | fetch | "
+        "embed | rank | fetched | failed | chunks | embed requests |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     rows = "\n".join(_row(mode, runs) for mode, runs in results.items())
-    ratio = (statistics.median(w for w, _ in results["broker (2 workers)"])
-             / statistics.median(w for w, _ in results["embedded"]))
-    text = (f"One job, 20 sources of the demo web, each page served with {args.page_delay} s latency; "
-            f"{args.runs} runs per mode, stage seconds from the last run (stages overlap). "
-            f"Command wall time includes interpreter start-up and imports.\n\n{header}\n{rows}\n\n"
-            f"broker/embedded command wall-time ratio: {ratio:.2f}\n")
+    ratio = statistics.median(w for w, _ in results["broker (2 workers)"]) / statistics.median(
+        w for w, _ in results["embedded"]
+    )
+    text = (
+        f"One job, 20 sources of the demo web, each page served with {args.page_delay} s latency; "
+        f"{args.runs} runs per mode, stage seconds from the last run (stages overlap). "
+        f"Command wall time includes interpreter start-up and imports.\n\n{header}\n{rows}\n\n"
+        f"broker/embedded command wall-time ratio: {ratio:.2f}\n"
+    )
     print(text)
     if args.write:
         write_section("pipeline_job", text)

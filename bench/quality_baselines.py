@@ -146,8 +146,12 @@ def variant_select(
         for i, s in zip(keep, scores, strict=True)
     ]
     return [
-        [r.chunk for r in rank_chunks(candidates, top_k=200, token_budget=budget,
-                                      per_source_cap=ranking.per_source_cap)]  # fmt: skip
+        [
+            r.chunk
+            for r in rank_chunks(
+                candidates, top_k=200, token_budget=budget, per_source_cap=ranking.per_source_cap
+            )
+        ]  # fmt: skip
         for budget in budgets
     ]
 

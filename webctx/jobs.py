@@ -88,9 +88,14 @@ class JobStore:
 
     # -- lifecycle --------------------------------------------------------------------------
     def create(
-        self, request: JobRequest, *, job_id: str | None = None, tenant: str | None = None
+        self,
+        request: JobRequest,
+        *,
+        job_id: str | None = None,
+        tenant: str | None = None,
+        batch: str | None = None,
     ) -> str:
-        """Record a new queued job (owned by `tenant`, if given) and return its id."""
+        """Record a new queued job (owned by `tenant`, part of `batch`, if given); its id."""
         job_id = job_id or uuid.uuid4().hex
         meta = self._k(job_id, "meta")
         pipe = self.r.pipeline()
@@ -101,6 +106,8 @@ class JobStore:
         }
         if tenant is not None:
             fields["tenant"] = tenant
+        if batch is not None:
+            fields["batch"] = batch
         pipe.hset(meta, mapping=fields)
         self._expire(pipe, meta)
         pipe.execute()
@@ -114,6 +121,10 @@ class JobStore:
         if status is None:
             raise JobNotFound(job_id)
         return cast("str | None", owner)
+
+    def batch_of(self, job_id: str) -> str | None:
+        """The batch the job is an item of (None for interactive jobs)."""
+        return cast("str | None", self.r.hget(self._k(job_id, "meta"), "batch"))
 
     def claim_idempotency_key(self, tenant: str, key: str, job_id: str) -> str:
         """Bind a client's Idempotency-Key to `job_id` (SET NX); returns the job it names.

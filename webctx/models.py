@@ -163,6 +163,8 @@ class BundleStats(BaseModel):
     tokens_embedded: int = 0
     cache_hits: int = 0
     tokens_saved: int = 0
+    index_reused: int = 0
+    """Sources taken from the persistent index (fresh) instead of fetched."""
     bundle_tokens: int = 0
     elapsed_s: float = 0.0
     stage_s: dict[str, float] = Field(default_factory=dict)

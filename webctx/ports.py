@@ -62,3 +62,41 @@ class VectorStore(Protocol):
     def count(self) -> int:
         """Number of points held."""
         ...
+
+
+@runtime_checkable
+class IndexStore(VectorStore, Protocol):
+    """A VectorStore that also keeps BM25 sparse vectors and deletes by page (the index).
+
+    Every adapter implements it; the plain VectorStore contract stays what jobs rely on.
+    """
+
+    def delete_pages(self, content_sha256s: Sequence[str]) -> None:
+        """Delete every point (dense and sparse) of the given pages."""
+        ...
+
+    def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
+        """Index the points' chunk texts as sparse BM25 vectors under the same ids."""
+        ...
+
+    def search_sparse(
+        self, text: str, *, limit: int, content_sha256s: Sequence[str]
+    ) -> list[ScoredChunk]:
+        """Best BM25 text matches among the given pages, without vectors."""
+        ...
+
+
+@runtime_checkable
+class ConditionalFetcher(Protocol):
+    """A Fetcher that revalidates: a 304 comes back as a Download with status 304, no body."""
+
+    def fetch(
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        media_types: frozenset[str] | None = None,
+    ) -> Download:
+        """The body of `url`, or a 304 Download when the validators still match."""
+        ...

@@ -57,6 +57,39 @@ class EmbedSettings(BaseModel):
     """Cached vectors expire this long after their last use."""
 
 
+class BatchSettings(BaseModel):
+    """Batches of questions (WEBCTX_BATCH__<NAME>); see docs/batch.md."""
+
+    concurrency: int = Field(default=4, ge=1)
+    """Items of one batch in flight at most."""
+    max_inflight: int = Field(default=16, ge=1)
+    """Batch items in flight across all batches; split evenly between tenants with batches."""
+    priority: int = Field(default=9, ge=0, le=9)
+    """Broker priority of batch items' tasks (Redis: 0 is served first; interactive jobs: 0)."""
+    tick_s: float = Field(default=5.0, gt=0)
+    """A running batch's feeder runs at least this often (besides on each item's end)."""
+    price_per_1k_tokens: float = Field(default=0.00002, ge=0)
+    """Embedding price for the cost estimate (text-embedding-3-small: $0.02 per 1M tokens)."""
+
+
+class IndexSettings(BaseModel):
+    """The persistent index and its scheduled re-indexing (WEBCTX_INDEX__<NAME>)."""
+
+    max_age_s: float = 24 * 3600.0
+    """Research jobs reuse an indexed page younger than this instead of fetching it."""
+    gone_after: int = 2
+    """A page answering 404/410 on this many consecutive runs is removed."""
+    tick_s: float = 30.0
+    """How often Celery beat looks for due sources."""
+    grace_s: float = 30.0
+    """Old chunks of a replaced or removed page are deleted this long after the switch,
+    so a search that read the previous page set still finds them."""
+    concurrency: int = 8
+    """Pages of one source re-indexed in parallel."""
+    max_pages: int = 5000
+    """Pages taken from one sitemap or feed at most."""
+
+
 class Settings(BaseSettings):
     """Every knob of webctx; see docs/configuration.md."""
 
@@ -113,6 +146,11 @@ class Settings(BaseSettings):
     max_deliveries: int = 3
     """Deliveries of one item that died with its worker before it is failed `worker_lost`."""
 
+    page_cache_ttl_s: int = 24 * 3600
+    """A URL fetched this recently is reused by any job instead of downloaded (0: off)."""
+    search_cache_ttl_s: int = 3600
+    """A search query's results are reused for this long (0: off)."""
+
     log_format: Literal["text", "json"] = "text"
     """Workers (and the API) log JSON lines with job_id/task_id when `json`."""
     log_level: str = "INFO"
@@ -133,6 +171,8 @@ class Settings(BaseSettings):
     fetch: FetchSettings = FetchSettings()
     chunk: ChunkSettings = ChunkSettings()
     embed: EmbedSettings = EmbedSettings()
+    index: IndexSettings = IndexSettings()
+    batch: BatchSettings = BatchSettings()
 
     @field_validator("allowed_networks", mode="before")
     @classmethod

@@ -27,12 +27,18 @@ def submit_job(
     timeout_s: float,
     job_id: str | None = None,
     tenant: str | None = None,
+    batch: str | None = None,
+    priority: int | None = None,
 ) -> str:
-    """Record a job, start its plan task and its deadline watchdog; return the job id."""
-    job_id = jobs.create(request, job_id=job_id, tenant=tenant)
-    app.signature("webctx.plan", args=(job_id,)).apply_async()
+    """Record a job, start its plan task and its deadline watchdog; return the job id.
+
+    `priority` (batch items) is inherited by every task the job's tasks start
+    (`task_inherit_parent_priority`), so a worker serves interactive jobs first.
+    """
+    job_id = jobs.create(request, job_id=job_id, tenant=tenant, batch=batch)
+    app.signature("webctx.plan", args=(job_id,)).apply_async(priority=priority)
     app.signature("webctx.rank", args=(job_id,), kwargs={"force": True}).apply_async(
-        countdown=timeout_s
+        countdown=timeout_s, priority=priority
     )
     return job_id
 

@@ -13,7 +13,8 @@ import redis
 from celery import Task
 
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
-from webctx.models import BundleStats, Failure, JobStatus, Page
+from webctx.models import BundleStats, Failure, JobStatus, Page, SearchResult
+from webctx.pagecache import PageCache, SearchCache
 from webctx.research import answer_question, index_page
 from webctx.stages.bundle import build_bundle
 from webctx.stages.fetch import fetch_page
@@ -83,7 +84,7 @@ def search(self: Task[Any, Any], job_id: str, query_idx: int) -> str:
         # Each query alone should be able to fill the job's sources.
         limit = max(deps.settings.search_results_per_query, jobs.request(job_id).max_sources)
         try:
-            results = search_query(deps.search, query, limit=limit)
+            results = _cached_search(deps, job_id, query, limit)
         except TransientError as exc:
             if _can_retry(self):
                 _retry(self, exc)
@@ -187,7 +188,46 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
     return job_id
 
 
+def _cached_search(deps: Deps, job_id: str, query: str, limit: int) -> list[SearchResult]:
+    """One query's results; batch items take them from the search cache when fresh."""
+    ttl_s = deps.settings.search_cache_ttl_s
+    cache = SearchCache(deps.jobs.r, ttl_s=ttl_s, provider=getattr(deps.search, "name", ""))
+    results = cache.get(query, limit=limit) if deps.jobs.batch_of(job_id) else None
+    if results is not None:
+        deps.jobs.add_counts(job_id, searches_cached=1)
+        return results
+    results = search_query(deps.search, query, limit=limit)
+    cache.put(query, results, limit=limit)
+    deps.jobs.add_counts(job_id, searches_sent=1)
+    return results
+
+
+def _indexed_page(deps: Deps, job_id: str, url: str) -> Page | None:
+    """The tenant's indexed copy of `url` if re-indexed within WEBCTX_INDEX__MAX_AGE_S."""
+    if deps.settings.index.max_age_s <= 0 or not deps.settings.state_url():
+        return None
+    from webctx.index import PageIndex
+
+    tenant = deps.jobs.tenant(job_id) or deps.settings.local_tenant
+    return PageIndex(deps.jobs.r).fresh_page(
+        tenant, url, max_age_s=deps.settings.index.max_age_s, model=deps.embedder.model
+    )
+
+
 def _fetch_page(deps: Deps, job_id: str, url_id: str, url: str) -> Page | None:
+    indexed = _indexed_page(deps, job_id, url)
+    if indexed is not None:  # no download; its embed is an idempotent upsert (cache hits)
+        deps.jobs.add_counts(job_id, index_reused=1)
+        deps.jobs.save_page(job_id, url_id, indexed)
+        return indexed
+    cache = PageCache(deps.jobs.r, ttl_s=deps.settings.page_cache_ttl_s)
+    # Batch items reuse a page downloaded within the window; interactive jobs fetch anew.
+    reused = cache.fresh_page(url, deps.jobs.page) if deps.jobs.batch_of(job_id) else None
+    if reused is not None:
+        deps.jobs.add_counts(job_id, pages_reused=1)
+        deps.jobs.save_page(job_id, url_id, reused)
+        return reused
+    deps.jobs.add_counts(job_id, pages_downloaded=1)
     try:
         timeout_s = deps.settings.fetch.extract_timeout_s
         page = fetch_page(url, deps.fetcher, extract_timeout_s=timeout_s)
@@ -200,6 +240,7 @@ def _fetch_page(deps: Deps, job_id: str, url_id: str, url: str) -> Page | None:
         _fail(deps, job_id, url_id, url, "fetch", exc)
         return None
     deps.jobs.save_page(job_id, url_id, page)
+    cache.remember(url, page)
     return page
 
 
@@ -282,6 +323,7 @@ def _stats(deps: Deps, job_id: str, *, pages_count: int) -> BundleStats:
         tokens_embedded=counters.get("tokens_embedded", 0),
         cache_hits=counters.get("cache_hits", 0),
         tokens_saved=counters.get("tokens_saved", 0),
+        index_reused=counters.get("index_reused", 0),
     )
 
 

@@ -14,6 +14,7 @@ through the shard's write-ahead log, so they survive a crash without flush().
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -24,9 +25,15 @@ import qdrant_edge as qe
 
 from webctx.errors import ConfigError, ProviderError
 from webctx.models import ScoredChunk, StoredChunk
+from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
 
 PROVIDER = "qdrant-edge"
+SPARSE = "bm25"
+SPARSE_SUFFIX = ".sparse"
+"""The sparse (BM25) vectors of the index live in a sibling shard `<path>.sparse`: the dense
+shard's schema stays as it is (existing shards keep loading), and only the holder of
+`<path>`'s lock ever opens it."""
 LOCK_FILE = ".webctx.lock"
 _CONFIG_FILE = "edge_config.json"  # written by EdgeShard.create: its presence means "load"
 
@@ -77,6 +84,7 @@ class EdgeVectorStore:
         self._pid = os.getpid()
         self._guard = threading.Lock()
         self._shard: qe.EdgeShard | None = None
+        self._sparse: qe.EdgeShard | None = None
         try:
             if (path / _CONFIG_FILE).exists():
                 self._shard = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
@@ -122,14 +130,73 @@ class EdgeVectorStore:
             return 0
         return _engine(lambda: shard.count(qe.CountRequest(exact=True)))
 
+    def delete_pages(self, content_sha256s: Sequence[str]) -> None:
+        """Delete every point (dense and sparse) of the given pages."""
+        if not content_sha256s:
+            return
+        pages = qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(content_sha256s)))
+        delete = qe.UpdateOperation.delete_points_by_filter(qe.Filter(must=[pages]))
+        for shard in (self._current(), self._sparse_shard(create=False)):
+            if shard is not None:
+                _engine(functools.partial(shard.update, delete))
+
+    def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
+        """Index the points' chunk texts as BM25 sparse vectors, under the same ids."""
+        if not points:
+            return
+        shard = self._sparse_shard(create=True)
+        assert shard is not None
+        batch = []
+        for p in points:
+            sv = document_vector(p.chunk.text)
+            vector = {SPARSE: qe.SparseVector(sv.indices, sv.values)}
+            batch.append(qe.Point(p.id, vector, point_payload(p)))  # type: ignore[arg-type]
+        _engine(lambda: shard.update(qe.UpdateOperation.upsert_points(batch)))
+
+    def search_sparse(
+        self, text: str, *, limit: int, content_sha256s: Sequence[str]
+    ) -> list[ScoredChunk]:
+        """Best BM25 matches of `text` among the given pages (no vectors)."""
+        shard = self._sparse_shard(create=False)
+        sv = query_vector(text)
+        if shard is None or not content_sha256s or limit < 1 or not sv.indices:
+            return []
+        pages = qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(content_sha256s)))
+        request = qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest(qe.SparseVector(sv.indices, sv.values), using=SPARSE),
+            filter=qe.Filter(must=[pages]),
+            with_payload=True,
+        )
+        hits = _engine(lambda: shard.query(request))
+        return [scored_chunk(hit.payload or {}, score=hit.score, vector=[]) for hit in hits]
+
+    def _sparse_shard(self, *, create: bool) -> qe.EdgeShard | None:
+        self._current()  # same fork/closed checks as the dense shard
+        with self._guard:
+            if self._sparse is None:
+                path = self.path.with_name(self.path.name + SPARSE_SUFFIX)
+                if (path / _CONFIG_FILE).exists():
+                    self._sparse = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
+                elif create:
+                    path.mkdir(parents=True, exist_ok=True)
+                    params = {SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)}
+                    config = qe.EdgeConfig(sparse_vectors=params)
+                    self._sparse = self._open(
+                        _engine(lambda: qe.EdgeShard.create(str(path), config))
+                    )
+            return self._sparse
+
     def close(self) -> None:
         """Flush and close the shard, then release the directory for another process."""
         with self._guard:
             shard, self._shard = self._shard, None
+            sparse, self._sparse = self._sparse, None
             try:
-                if shard is not None:
-                    _engine(shard.flush)
-                    _engine(shard.close)
+                for open_shard in (shard, sparse):
+                    if open_shard is not None:
+                        _engine(open_shard.flush)
+                        _engine(open_shard.close)
             finally:
                 self._unlock()
 

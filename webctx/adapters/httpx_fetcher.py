@@ -95,20 +95,41 @@ class HttpxFetcher:
         self._slots_lock = threading.Lock()
         # Weak values: a host's semaphore lives while some fetch holds or waits on it.
         self._slots = weakref.WeakValueDictionary[str, threading.BoundedSemaphore]()
+        # This thread's fetch: conditional headers (page hops only) and accepted media types.
+        self._call = threading.local()
 
-    def fetch(self, url: str) -> Download:
-        """The body of `url` after redirects. Raises FetchError subclasses."""
+    def fetch(
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        media_types: frozenset[str] | None = None,
+    ) -> Download:
+        """The body of `url` after redirects. Raises FetchError subclasses.
+
+        With `etag`/`last_modified` (from an earlier fetch) the request is conditional: a
+        304 comes back as a Download with status 304 and an empty body. `media_types`
+        replaces the accepted content types (the index reads sitemaps and feeds)."""
         check_url(url)
-        return asyncio.run(self._fetch(url))
+        headers: dict[str, str] = {}
+        if etag:
+            headers["If-None-Match"] = etag
+        if last_modified:
+            headers["If-Modified-Since"] = last_modified
+        return asyncio.run(self._fetch(url, headers, media_types or ACCEPTED_TYPES))
 
     def close(self) -> None:
         """Release the DNS threads (a lookup still running is abandoned)."""
         self._dns.shutdown(wait=False, cancel_futures=True)
 
-    async def _fetch(self, url: str) -> Download:
+    async def _fetch(
+        self, url: str, headers: dict[str, str], types: frozenset[str] = ACCEPTED_TYPES
+    ) -> Download:
         total = self._settings.total_timeout_s
         started = time.monotonic()
         async with self._new_client() as client:
+            self._call.headers, self._call.types = headers, types
             try:
                 async with asyncio.timeout(total):
                     download = await self._follow(client, url, started + total)
@@ -156,7 +177,9 @@ class HttpxFetcher:
         if self._politeness is not None:
             await self._be_polite(self._politeness, client, target, deadline)
         with self._host_slot(current, target.host, deadline):
-            response = await client.send(client.build_request("GET", target), stream=True)
+            conditional = getattr(self._call, "headers", None)
+            request = client.build_request("GET", target, headers=conditional)
+            response = await client.send(request, stream=True)
             try:
                 location = _redirect_location(response)
                 if location is None:
@@ -228,12 +251,16 @@ class HttpxFetcher:
     async def _download(self, url: str, response: httpx.Response) -> Download:
         final_url = str(response.url)
         self._note_status(response)
+        if response.status_code == 304 and getattr(self._call, "headers", None):
+            return Download(url=url, final_url=final_url, status=304, content_type="", body=b"",
+                            etag=response.headers.get("etag"),
+                            last_modified=response.headers.get("last-modified"))  # fmt: skip
         if not 200 <= response.status_code < 300:
             raise HTTPStatusError(
                 final_url, f"HTTP {response.status_code}", status=response.status_code
             )
         media, charset = parse_content_type(response.headers.get("content-type", ""))
-        if media and media not in ACCEPTED_TYPES:
+        if media and media not in getattr(self._call, "types", ACCEPTED_TYPES):
             raise UnsupportedContent(final_url, f"content type {media!r}")
         limit = self._settings.max_bytes
         declared = response.headers.get("content-length", "")

@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from webctx.errors import ProviderError
 from webctx.models import ScoredChunk, StoredChunk
+from webctx.sparse import document_vector, idf, query_vector
 
 Vec = npt.NDArray[np.float32]
 
@@ -28,6 +29,7 @@ class MemoryVectorStore:
         self._points: dict[str, tuple[Vec, StoredChunk]] = {}
         self._dimensions: int | None = None
         self._lock = threading.Lock()
+        self._sparse: dict[str, tuple[dict[int, float], StoredChunk]] = {}
 
     def upsert(self, points: Sequence[StoredChunk]) -> None:
         """Insert or overwrite points by id; the first point fixes the dimension."""
@@ -65,6 +67,41 @@ class MemoryVectorStore:
         """Number of points held."""
         with self._lock:
             return len(self._points)
+
+    def delete_pages(self, content_sha256s: Sequence[str]) -> None:
+        """Delete every point (dense and sparse) of the given pages."""
+        pages = set(content_sha256s)
+        with self._lock:
+            for points in (self._points, self._sparse):
+                for pid in [k for k, v in points.items() if v[1].chunk.content_sha256 in pages]:
+                    del points[pid]
+
+    def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
+        """Index the points' chunk texts as BM25 sparse vectors, under the same ids."""
+        with self._lock:
+            for point in points:
+                sv = document_vector(point.chunk.text)
+                self._sparse[point.id] = (dict(zip(sv.indices, sv.values, strict=True)), point)
+
+    def search_sparse(
+        self, text: str, *, limit: int, content_sha256s: Sequence[str]
+    ) -> list[ScoredChunk]:
+        """Best BM25 matches of `text` among the given pages (IDF over every point)."""
+        terms = query_vector(text).indices
+        pages = set(content_sha256s)
+        with self._lock:
+            docs = list(self._sparse.values())
+        weights = {t: idf(len(docs), sum(1 for d, _ in docs if t in d)) for t in terms}
+        scored = []
+        for doc, point in docs:
+            score = sum(weights[t] * doc[t] for t in terms if t in doc)
+            if score > 0 and point.chunk.content_sha256 in pages:
+                scored.append((score, point))
+        scored.sort(key=lambda sp: -sp[0])
+        return [
+            ScoredChunk(chunk=p.chunk, url=p.url, score=float(score), vector=[])
+            for score, p in scored[: max(limit, 0)]
+        ]
 
     def _check_dimension(self, size: int) -> None:
         if self._dimensions is None:

@@ -6,6 +6,7 @@ with cosine distance and a keyword index on content_sha256 (the filter of every 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -17,9 +18,14 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from webctx.errors import ProviderError, ProviderUnavailable
 from webctx.models import ScoredChunk, StoredChunk
+from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
 
 PROVIDER = "qdrant"
+SPARSE = "bm25"
+SPARSE_SUFFIX = "_sparse"
+"""The index's BM25 vectors live in a sibling collection `<collection>_sparse`, so the dense
+collection's schema (and every existing deployment of it) stays as it is."""
 T = TypeVar("T")
 
 _GRPC_TRANSIENT = {
@@ -66,6 +72,7 @@ class QdrantVectorStore:
         self.client = client
         self.collection = collection
         self._ready = False  # the collection is known to exist
+        self._sparse_ready = False
         self._guard = threading.Lock()
 
     def upsert(self, points: Sequence[StoredChunk]) -> None:
@@ -109,6 +116,94 @@ class QdrantVectorStore:
         if not self._exists():
             return 0
         return _client(lambda: self.client.count(self.collection, exact=True)).count
+
+    def delete_pages(self, content_sha256s: Sequence[str]) -> None:
+        """Delete every point (dense and sparse) of the given pages."""
+        if not content_sha256s:
+            return
+        pages = models.FieldCondition(
+            key=CONTENT_KEY, match=models.MatchAny(any=list(content_sha256s))
+        )
+        selector = models.FilterSelector(filter=models.Filter(must=[pages]))
+        for name, present in ((self.collection, self._exists()),
+                              (self._sparse_name, self._sparse_exists())):  # fmt: skip
+            if present:
+                _client(
+                    functools.partial(
+                        self.client.delete, name, points_selector=selector, wait=True
+                    )
+                )
+
+    def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
+        """Index the points' chunk texts as BM25 sparse vectors, under the same ids."""
+        if not points:
+            return
+        self._ensure_sparse()
+        structs = []
+        for p in points:
+            sv = document_vector(p.chunk.text)
+            vector: models.VectorStruct = {
+                SPARSE: models.SparseVector(indices=sv.indices, values=sv.values)
+            }
+            structs.append(models.PointStruct(id=p.id, vector=vector, payload=point_payload(p)))
+        _client(lambda: self.client.upsert(self._sparse_name, points=structs, wait=True))
+
+    def search_sparse(
+        self, text: str, *, limit: int, content_sha256s: Sequence[str]
+    ) -> list[ScoredChunk]:
+        """Best BM25 matches of `text` among the given pages (no vectors)."""
+        sv = query_vector(text)
+        if not content_sha256s or limit < 1 or not sv.indices or not self._sparse_exists():
+            return []
+        pages = models.FieldCondition(
+            key=CONTENT_KEY, match=models.MatchAny(any=list(content_sha256s))
+        )
+        response = _client(
+            lambda: self.client.query_points(
+                self._sparse_name,
+                query=models.SparseVector(indices=sv.indices, values=sv.values),
+                using=SPARSE,
+                query_filter=models.Filter(must=[pages]),
+                limit=limit,
+                with_payload=True,
+            )
+        )
+        return [
+            scored_chunk(hit.payload or {}, score=hit.score, vector=[])
+            for hit in response.points
+        ]
+
+    @property
+    def _sparse_name(self) -> str:
+        return self.collection + SPARSE_SUFFIX
+
+    def _sparse_exists(self) -> bool:
+        if not self._sparse_ready:
+            name = self._sparse_name
+            self._sparse_ready = _client(lambda: self.client.collection_exists(name))
+        return self._sparse_ready
+
+    def _ensure_sparse(self) -> None:
+        with self._guard:
+            if self._sparse_exists():
+                return
+            params = {SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)}
+            try:
+                _client(
+                    lambda: self.client.create_collection(
+                        self._sparse_name, vectors_config={}, sparse_vectors_config=params
+                    )
+                )
+            except ProviderError:
+                if not _client(lambda: self.client.collection_exists(self._sparse_name)):
+                    raise
+            keyword = models.PayloadSchemaType.KEYWORD
+            _client(
+                lambda: self.client.create_payload_index(
+                    self._sparse_name, CONTENT_KEY, field_schema=keyword, wait=True
+                )
+            )
+            self._sparse_ready = True
 
     def _exists(self) -> bool:
         if not self._ready:

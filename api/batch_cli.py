@@ -1,0 +1,224 @@
+"""`webctx batch`: submit a JSONL file of questions, follow it, read its results, cancel it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, TextIO
+
+import redis
+import typer
+from kombu.exceptions import OperationalError
+
+from webctx.batches import BatchItem, BatchStatus, BatchStore, parse_items
+from webctx.errors import WebctxError
+from webctx.jobs import JobStore
+from webctx.settings import Settings, get_settings
+
+batch = typer.Typer(help="Batches: thousands of questions from a JSONL file, resumable.")
+
+
+class StatusFormat(StrEnum):
+    """How `batch status` prints."""
+
+    json = "json"
+    text = "text"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def describe(s: BatchStatus) -> str:
+    """One progress line: counts, rate, ETA."""
+    elapsed = float(s.stats.get("elapsed_s", 0.0)) or 0.0
+    rate = (s.done + s.failed) / elapsed * 60 if elapsed else 0.0
+    eta = f"{s.eta_s:.0f}s" if s.eta_s is not None else "?"
+    return (
+        f"batch {s.id[:8]} {s.state}: done {s.done}, failed {s.failed}, running {s.running}, "
+        f"queued {s.queued} of {s.total} · {rate:.1f} q/min · ETA {eta}"
+    )
+
+
+def _read_items(path: Path, token_budget: int | None, max_sources: int | None) -> list[BatchItem]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read {path}: {exc}") from exc
+    try:
+        return parse_items(lines, token_budget=token_budget, max_sources=max_sources)
+    except WebctxError as exc:
+        raise _fail(f"{path}: {exc}") from exc
+
+
+@contextmanager
+def _jobs(settings: Settings) -> Iterator[JobStore]:
+    """The job store of broker mode (batch state lives in Redis)."""
+    from workers.deps import state_client
+
+    if not settings.state_url():
+        raise _fail("batch state lives in Redis: set CELERY_BROKER_URL (or WEBCTX_REDIS_URL)")
+    jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
+    try:
+        yield jobs
+    except WebctxError as exc:
+        raise _fail(str(exc), code=1) from exc
+    except (redis.RedisError, OperationalError) as exc:
+        raise _fail(f"broker or job state store unreachable: {exc}", code=1) from exc
+    finally:
+        jobs.r.close()
+
+
+@batch.command("submit")
+def submit(
+    file: Annotated[
+        Path, typer.Argument(help="JSONL: {id, question, token_budget?, max_sources?}")
+    ],
+    name: Annotated[str, typer.Option(help="Batch name: the same name and file, the same batch.")],
+    token_budget: Annotated[int | None, typer.Option(help="Default for items.")] = None,
+    max_sources: Annotated[int | None, typer.Option(help="Default for items.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait, then write the results.")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Results JSONL with --wait (default stdout).")
+    ] = None,
+) -> None:
+    """Submit a batch and print its id; with --wait, wait for every item and write results."""
+    from workers.batch import feed_batch, submit_batch
+
+    items = _read_items(file, token_budget, max_sources)  # refused before anything is queued
+    settings = get_settings()
+    tenant = settings.local_tenant
+    if settings.embedded:
+        if not wait:
+            raise _fail("without a broker a batch runs only while `--wait` waits: add --wait")
+        from workers.embedded import embedded_worker
+
+        try:
+            with embedded_worker(settings) as deps:
+                batch_id, _ = submit_batch(deps.jobs, settings, tenant, name, items)
+                typer.echo(batch_id, err=out is None)
+                _wait_and_write(deps.jobs, settings, batch_id, out, feed_batch)
+        except WebctxError as exc:
+            raise _fail(str(exc), code=1) from exc
+        return
+    with _jobs(settings) as jobs:
+        batch_id, created = submit_batch(jobs, settings, tenant, name, items)
+        if not created:
+            typer.echo(f"batch {name!r} exists with the same items: resuming it", err=True)
+        typer.echo(batch_id, err=wait and out is None)
+        if wait:
+            _wait_and_write(jobs, settings, batch_id, out, feed_batch)
+
+
+def _wait_and_write(
+    jobs: JobStore,
+    settings: Settings,
+    batch_id: str,
+    out: Path | None,
+    feed: Callable[[JobStore, Settings, str], int],
+) -> None:
+    store = BatchStore(jobs)
+    price = settings.batch.price_per_1k_tokens
+
+    def poll() -> BatchStatus:
+        feed(jobs, settings, batch_id)  # a waiting client also moves the batch (lost ticks)
+        return store.status(batch_id, price_per_1k_tokens=price)
+
+    status = _follow(poll, sys.stderr)
+    _write_results(store, batch_id, out)
+    typer.echo(json.dumps({"batch": batch_id, **_summary(status)}), err=True)
+    if status.state == "cancelled":
+        raise _fail(f"batch {batch_id} was cancelled", code=1)
+
+
+def _summary(status: BatchStatus) -> dict[str, object]:
+    return {"state": status.state, "done": status.done, "failed": status.failed,
+            "cancelled": status.cancelled, "stats": status.stats}  # fmt: skip
+
+
+def _follow(
+    poll: Callable[[], BatchStatus], stream: TextIO, interval_s: float = 1.0
+) -> BatchStatus:
+    """Poll until the batch finishes: a live line on a TTY, a line per change otherwise."""
+    if stream.isatty():
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        with Live(Text("starting…"), console=Console(file=stream), refresh_per_second=4) as live:
+            while not (status := poll()).finished:
+                live.update(Text(describe(status)))
+                time.sleep(interval_s)
+            live.update(Text(describe(status)))
+            return status
+    last = ""
+    while True:
+        status = poll()
+        line = describe(status).split(" · ")[0]
+        if line != last:
+            print(describe(status), file=stream, flush=True)
+            last = line
+        if status.finished:
+            return status
+        time.sleep(interval_s)
+
+
+def _write_results(store: BatchStore, batch_id: str, out: Path | None) -> int:
+    count = 0
+    handle = out.open("w", encoding="utf-8") if out else sys.stdout
+    try:
+        for record in store.results(batch_id):
+            handle.write(json.dumps(record) + "\n")
+            count += 1
+    finally:
+        if out:
+            handle.close()
+        else:
+            handle.flush()
+    return count
+
+
+@batch.command("status")
+def status(
+    batch_id: str,
+    format: Annotated[StatusFormat, typer.Option("--format", "-f")] = StatusFormat.json,
+) -> None:
+    """Print a batch's counts, ETA and accounting."""
+    from workers.batch import feed_batch
+
+    settings = get_settings()
+    with _jobs(settings) as jobs:
+        store = BatchStore(jobs)
+        store.meta(batch_id)
+        feed_batch(jobs, settings, batch_id)
+        found = store.status(batch_id, price_per_1k_tokens=settings.batch.price_per_1k_tokens)
+    if format is StatusFormat.text:
+        typer.echo(describe(found))
+    else:
+        typer.echo(json.dumps(found.as_dict()))
+
+
+@batch.command("results")
+def results(
+    batch_id: str,
+    out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+) -> None:
+    """Write one JSONL line per finished item, in input order."""
+    with _jobs(get_settings()) as jobs:
+        count = _write_results(BatchStore(jobs), batch_id, out)
+    typer.echo(f"{count} results", err=True)
+
+
+@batch.command("cancel")
+def cancel(batch_id: str) -> None:
+    """Cancel a batch: queued items never start, running ones stop."""
+    with _jobs(get_settings()) as jobs:
+        store = BatchStore(jobs)
+        store.cancel(batch_id)
+        typer.echo(describe(store.status(batch_id)), err=True)

@@ -1,0 +1,437 @@
+"""Batch research at scale on the loopback QA web (`bench/qa_web.py`'s pages and questions):
+throughput by worker count, cost per question as a batch grows, an interactive job's
+latency during a batch, and worker memory over a batch.
+
+    python bench/batch_scaling.py [--questions 200] [--sizes 50,100,200] [--workers 1,2,4]
+                                  [--no-embedded] [--write]
+
+The web: every page of ../shared/data/qa served with a fixed delay drawn from 0.2–1 s, a
+SearxNG-compatible BM25 search over them, an OpenAI-compatible embeddings endpoint with
+0.2 s latency per request. Its vectors are lexical (feature hashing): this measures
+throughput and shared work, not answer quality, and keeps the 2 CPU cores for the
+pipeline (bench/answer_recall.py measures quality with MiniLM).
+
+Broker mode uses the machine's Redis (db 14, or $WEBCTX_BENCH_REDIS_URL), flushed before
+each run, so every run starts with cold caches. "N workers" is N `webctx worker -Q
+search,fetch` processes plus one `-Q embed,rank` process: the embedded Qdrant engine
+admits one process per path (with a Qdrant server the embed side scales the same way).
+Each batch may keep 8 items per search/fetch process in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._report import write_section  # noqa: E402
+from bench.qa_web import Question, data_dir, load_qa, render_html  # noqa: E402
+from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
+from webctx.devweb.embeddings import make_embeddings_app  # noqa: E402
+from webctx.devweb.searxng import SearchDoc, make_searxng_app  # noqa: E402
+from webctx.devweb.server import LoopbackServer  # noqa: E402
+from webctx.devweb.site import SitePage, make_site_app  # noqa: E402
+
+REDIS_URL = os.environ.get("WEBCTX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+MODEL = "hash-embedding"
+EMBED_LATENCY_S = 0.2
+THREADS = 8
+
+
+@dataclass
+class Web:
+    """The three loopback servers and the site's request counter."""
+
+    site: LoopbackServer
+    search: LoopbackServer
+    embeddings: LoopbackServer
+    hits: collections.Counter[str]
+
+    def env(self) -> dict[str, str]:
+        """Settings pointing webctx at this web."""
+        return {
+            "WEBCTX_SEARCH_PROVIDER": "searxng",
+            "WEBCTX_SEARXNG_URL": self.search.url,
+            "OPENAI_BASE_URL": self.embeddings.url + "/v1",
+            "OPENAI_API_KEY": "bench",
+            "WEBCTX_EMBEDDING_MODEL": MODEL,
+            "WEBCTX_ALLOWED_NETWORKS": "127.0.0.1/32",
+            "WEBCTX_FETCH__PER_HOST_DELAY_S": "0",  # our own loopback site
+        }
+
+    def downloads(self) -> int:
+        """Page requests the site answered (robots.txt excluded)."""
+        return sum(n for path, n in self.hits.items() if path != "/robots.txt")
+
+    def stop(self) -> None:
+        """Stop the servers."""
+        for server in (self.site, self.search, self.embeddings):
+            server.stop()
+
+
+def _delay(path: str) -> float:
+    """A fixed per-page delay in 0.2–1 s (stable across runs)."""
+    return 0.2 + 0.8 * (int(hashlib.sha256(path.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF)
+
+
+def start_web() -> tuple[Web, list[Question]]:
+    """The QA pages with delays, search over them, slow embeddings; and the questions."""
+    loaded = load_qa(data_dir() / "qa")
+    if loaded is None:
+        raise SystemExit(f"no QA data under {data_dir() / 'qa'} (set WEBCTX_BENCH_DATA)")
+    docs, questions = loaded
+    hits: collections.Counter[str] = collections.Counter()
+    pages = {d.url_path: SitePage(body=render_html(d), delay_s=_delay(d.url_path)) for d in docs}
+    site = LoopbackServer(make_site_app(pages, hits=hits)).start()
+    search = LoopbackServer(
+        make_searxng_app([SearchDoc(site.url + d.url_path, d.title, d.text) for d in docs])
+    ).start()
+    embed = HashEmbedder(model=MODEL).embed
+    embeddings = LoopbackServer(
+        make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None, latency_s=EMBED_LATENCY_S)
+    ).start()
+    return Web(site, search, embeddings, hits), questions
+
+
+def _env(web: Web, qdrant: Path, *, broker: bool, inflight: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WEBCTX_", "CELERY_"))}
+    env.update(web.env(), WEBCTX_QDRANT_PATH=str(qdrant), PYTHONPATH=str(ROOT))
+    env.update(WEBCTX_BATCH__CONCURRENCY=str(inflight), WEBCTX_BATCH__MAX_INFLIGHT=str(inflight))
+    env.update(WEBCTX_BATCH__TICK_S="2", WEBCTX_WORKER_CONCURRENCY=str(THREADS))
+    if broker:
+        env["CELERY_BROKER_URL"] = REDIS_URL
+    return env
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "api.cli", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def _questions_file(questions: list[Question], n: int, path: Path) -> Path:
+    path.write_text(
+        "".join(json.dumps({"id": q.id, "question": q.question}) + "\n" for q in questions[:n])
+    )
+    return path
+
+
+class Workers:
+    """N search/fetch worker processes and one embed/rank process."""
+
+    def __init__(self, env: dict[str, str], n: int, logdir: Path) -> None:
+        specs = [(f"io{i}", "search,fetch") for i in range(n)] + [("vec", "embed,rank")]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs = [logdir / f"{name}.log" for name, _ in specs]
+        for (name, queues), log in zip(specs, self.logs, strict=True):
+            cmd = [
+                sys.executable,
+                "-m",
+                "api.cli",
+                "worker",
+                "-Q",
+                queues,
+                "-n",
+                f"{name}@%h",
+                "-c",
+                str(THREADS),
+                "--loglevel",
+                "INFO",  # "ready." is an INFO line
+            ]
+            with log.open("wb") as out:
+                self.procs.append(
+                    subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+                )
+        deadline = time.monotonic() + 120
+        while not all(b"ready." in log.read_bytes() for log in self.logs):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                tails = [log.read_text()[-1500:] for log in self.logs]
+                self.stop()
+                raise SystemExit(f"workers did not start: {tails}")
+            time.sleep(0.3)
+
+    def rss_mb(self) -> list[float]:
+        """Resident memory of each worker process."""
+        out = []
+        for proc in self.procs:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            kb = next(
+                int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")
+            )
+            out.append(kb / 1024)
+        return out
+
+    def stop(self) -> None:
+        """Warm shutdown of every process."""
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@dataclass
+class Run:
+    """What one batch run measured."""
+
+    label: str
+    n: int
+    elapsed_s: float
+    latencies: list[float]
+    stats: dict[str, object]
+    downloads: int
+    done: int
+    failed: int
+
+    @property
+    def per_min(self) -> float:
+        """Questions finished per minute."""
+        return (self.done + self.failed) / self.elapsed_s * 60 if self.elapsed_s else 0.0
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _status(client: redis.Redis, batch_id: str) -> dict[str, object]:
+    from webctx.batches import BatchStore
+    from webctx.jobs import JobStore
+    from webctx.settings import BatchSettings
+
+    price = BatchSettings().price_per_1k_tokens
+    return BatchStore(JobStore(client)).status(batch_id, price_per_1k_tokens=price).as_dict()
+
+
+def _latencies(client: redis.Redis, batch_id: str, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        created, finished = client.hmget(
+            f"webctx:job:{batch_id}-{i}:meta", ["created_at", "finished_at"]
+        )
+        if created and finished:
+            out.append(float(finished) - float(created))
+    return out
+
+
+def broker_run(
+    web: Web,
+    questions: list[Question],
+    n: int,
+    workers: int,
+    tmp: Path,
+    *,
+    probe: bool = False,
+) -> tuple[Run, dict[str, float]]:
+    """A cold batch of `n` questions on `workers` search/fetch processes; with `probe`,
+    also interactive-job latency idle and mid-batch, and worker RSS at item 10 and n."""
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    client.flushdb()
+    run_dir = Path(tempfile.mkdtemp(dir=tmp))
+    env = _env(web, run_dir / "q", broker=True, inflight=THREADS * workers)
+    procs = Workers(env, workers, run_dir)
+    extra: dict[str, float] = {}
+    try:
+        if probe:
+            extra["idle_s"] = _interactive(env, questions[-1].question)
+        before = web.downloads()
+        file = _questions_file(questions, n, run_dir / "q.jsonl")
+        submitted = _cli(env, "batch", "submit", str(file), "--name", f"b{n}-{workers}")
+        if submitted.returncode != 0:
+            raise SystemExit(submitted.stderr[-3000:])
+        batch_id = submitted.stdout.strip()
+        probed = not probe
+        while True:
+            status = _status(client, batch_id)
+            ended = int(status["done"]) + int(status["failed"])  # type: ignore[call-overload]
+            if probe and ended >= 10 and "rss10_mb" not in extra:
+                extra["rss10_mb"] = max(procs.rss_mb())
+            if not probed and ended >= n // 4:
+                extra["loaded_s"] = _interactive(env, questions[-2].question)
+                probed = True
+            if status["state"] != "running" and not status["running"]:
+                break
+            time.sleep(0.5)
+        if probe:
+            extra["rss_end_mb"] = max(procs.rss_mb())
+        run = Run(
+            label=f"broker, {workers} worker{'s' if workers > 1 else ''}",
+            n=n,
+            elapsed_s=float(status["stats"]["elapsed_s"]),  # type: ignore[index]
+            latencies=_latencies(client, batch_id, n),
+            stats=dict(status["stats"]),  # type: ignore[call-overload]
+            downloads=web.downloads() - before,
+            done=int(status["done"]),  # type: ignore[call-overload]
+            failed=int(status["failed"]),  # type: ignore[call-overload]
+        )
+    finally:
+        procs.stop()
+        client.flushdb()
+        client.close()
+    return run, extra
+
+
+def _interactive(env: dict[str, str], question: str) -> float:
+    """Job latency (submission to bundle) of one research job."""
+    done = _cli(env, "research", question, "--format", "json")
+    if done.returncode != 0:
+        raise SystemExit(f"interactive job failed: {done.stderr[-2000:]}")
+    return float(json.loads(done.stdout)["stats"]["elapsed_s"])
+
+
+def embedded_run(web: Web, questions: list[Question], n: int, tmp: Path) -> Run:
+    """The same batch on the embedded default (`batch submit --wait`, no broker)."""
+    run_dir = Path(tempfile.mkdtemp(dir=tmp))
+    env = _env(web, run_dir / "q", broker=False, inflight=THREADS)
+    file = _questions_file(questions, n, run_dir / "q.jsonl")
+    before = web.downloads()
+    out = run_dir / "results.jsonl"
+    done = _cli(env, "batch", "submit", str(file), "--name", "emb", "--wait", "--out", str(out))
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-3000:])
+    summary = json.loads(done.stderr.strip().splitlines()[-1])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    latencies = [r["bundle"]["stats"]["elapsed_s"] for r in records if "bundle" in r]
+    return Run(
+        "embedded default",
+        n,
+        float(summary["stats"]["elapsed_s"]),
+        latencies,
+        summary["stats"],
+        web.downloads() - before,
+        summary["done"],
+        summary["failed"],
+    )
+
+
+def _throughput_table(runs: list[Run]) -> str:
+    rows = [
+        "| mode | questions | done | failed | wall s | questions/min | p50 item s | "
+        "p95 item s | pages downloaded | tokens embedded |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        rows.append(
+            f"| {r.label} | {r.n} | {r.done} | {r.failed} | {r.elapsed_s:.1f} | "
+            f"{r.per_min:.1f} | {_pct(r.latencies, 0.5):.1f} | "
+            f"{_pct(r.latencies, 0.95):.1f} | {r.downloads} | "
+            f"{r.stats['tokens_embedded']} |"
+        )
+    return "\n".join(rows)
+
+
+def _cost_table(runs: list[Run]) -> str:
+    rows = [
+        "| questions | pages downloaded / q | pages reused / q | tokens embedded / q | "
+        "search cache hit rate | embed cache hit rate | cost USD / q |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        s = r.stats
+        rows.append(
+            f"| {r.n} | {r.downloads / r.n:.2f} | {int(s['pages_reused']) / r.n:.2f} | "  # type: ignore[call-overload]
+            f"{int(s['tokens_embedded']) / r.n:.0f} | {s['search_cache_hit_rate']} | "  # type: ignore[call-overload]
+            f"{s['embed_cache_hit_rate']} | {float(s['cost_usd']) / r.n:.6f} |"
+        )  # type: ignore[arg-type]
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--questions", type=int, default=200)
+    parser.add_argument("--sizes", default="50,100,200")
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--no-embedded", action="store_true")
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    n = args.questions
+    sizes = [int(s) for s in args.sizes.split(",")]
+    counts = [int(w) for w in args.workers.split(",")]
+    started = time.monotonic()
+    web, questions = start_web()
+    runs: list[Run] = []
+    by_size: dict[int, Run] = {}
+    probe: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in counts:
+            run, extra = broker_run(web, questions, n, w, Path(tmp), probe=w == max(counts))
+            runs.append(run)
+            probe.update(extra)
+            if w == max(counts):
+                by_size[n] = run
+            print(_throughput_table(runs[-1:]), flush=True)
+        if not args.no_embedded:
+            runs.append(embedded_run(web, questions, n, Path(tmp)))
+        for size in sizes:
+            if size not in by_size:
+                by_size[size] = broker_run(web, questions, size, max(counts), Path(tmp))[0]
+    web.stop()
+    total_s = time.monotonic() - started
+    base = by_size[min(by_size)]
+    top = by_size[max(by_size)]
+    base_tok = int(base.stats["tokens_embedded"]) / base.n  # type: ignore[call-overload]
+    top_tok = int(top.stats["tokens_embedded"]) / top.n  # type: ignore[call-overload]
+    rate = {r.label: r.per_min for r in runs}
+    idle, loaded = probe.get("idle_s", 0.0), probe.get("loaded_s", 0.0)
+    one, most = runs[0], runs[len(counts) - 1]
+    text = "\n".join(
+        [
+            f"QA web of `../shared/data/qa` (pages delayed 0.2–1 s, embeddings 0.2 s per request, "
+            f"lexical vectors), questions from queries.jsonl; cold caches per run (Redis flushed). "
+            f"N workers = N search/fetch processes + 1 embed/rank process, {THREADS} threads each; "
+            f"a batch keeps {THREADS} items per search/fetch process in flight. Whole run: "
+            f"{total_s / 60:.1f} min."
+            + (f" Scaled down: {n} questions instead of 200." if n != 200 else ""),
+            "",
+            "### Throughput",
+            "",
+            _throughput_table(runs),
+            "",
+            f"{most.label} / {one.label}: {most.per_min / one.per_min:.2f}× the rate "
+            f"(target ≥ 3×).",
+            "",
+            "### Cost as the batch grows",
+            "",
+            _cost_table([by_size[s] for s in sorted(by_size)]),
+            "",
+            f"Tokens embedded per question at {top.n}: {top_tok:.0f}, "
+            f"{100 * top_tok / base_tok:.0f} % of the {base.n}-question figure (target ≤ 25 %); "
+            f"page downloads per question at {top.n}: {top.downloads / top.n:.2f} (target ≤ 1).",
+            "",
+            "### Fairness and memory",
+            "",
+            f"Interactive research job (submission to bundle): idle {idle:.1f} s, while the "
+            f"{n}-question batch runs on {max(counts)} workers {loaded:.1f} s "
+            f"({loaded / max(idle, 0.01):.2f}×, target ≤ 1.5×).",
+            "",
+            f"Largest worker RSS: {probe.get('rss10_mb', 0):.0f} MB at item 10, "
+            f"{probe.get('rss_end_mb', 0):.0f} MB at item {n} "
+            f"({100 * (probe.get('rss_end_mb', 0) / max(probe.get('rss10_mb', 1), 1) - 1):+.0f} %, "
+            f"target ≤ +10 %).",
+            "",
+            f"Rates: {json.dumps({k: round(v, 1) for k, v in rate.items()})}",
+        ]
+    )
+    print(text)
+    if args.write:
+        write_section("batch_scaling", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Batches with real worker processes on the machine's Redis (db 14: apart from the other
+integration tests), the loopback test web, the CLI and the HTTP API."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import REDIS_HOST, REDIS_PORT, clean_env, run_cli
+from tests.integration.conftest import ApiProcess
+from tests.testweb import LoopbackWeb
+from webctx.batches import BatchStatus, BatchStore
+from webctx.jobs import JobStore
+from webctx.tenants import TenantStore
+
+DB = 14
+BROKER = f"redis://{REDIS_HOST}:{REDIS_PORT}/{DB}"
+QUESTIONS = [
+    "why does the SEI layer keep growing?",
+    "lithium plating when charging a cold battery",
+    "calendar ageing vs cycle ageing",
+    "particle cracking in layered oxide cathodes",
+    "electrolyte decomposition and gassing",
+    "measuring battery state of health",
+    "do solid-state batteries age differently?",
+    "does DC fast charging hurt EV battery health?",
+]
+
+
+@pytest.fixture
+def db14() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(BROKER, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def _env(web: LoopbackWeb, tmp: Path, **extra: str) -> dict[str, str]:
+    return clean_env(
+        **web.env(),
+        CELERY_BROKER_URL=BROKER,
+        WEBCTX_QDRANT_PATH=str(tmp / "q"),
+        WEBCTX_VISIBILITY_TIMEOUT_S="8",  # a SIGKILLed worker's tasks come back quickly
+        WEBCTX_TASK_TIME_LIMIT_S="7",
+        WEBCTX_JOB_TIMEOUT_S="120",
+        WEBCTX_BATCH__TICK_S="1",
+        **extra,
+    )
+
+
+def _write(path: Path, questions: list[str]) -> Path:
+    lines = [json.dumps({"id": f"q-{i}", "question": q}) for i, q in enumerate(questions)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _status(client: redis.Redis, batch_id: str) -> BatchStatus:
+    return BatchStore(JobStore(client)).status(batch_id)
+
+
+def _wait(client: redis.Redis, batch_id: str, until: str, timeout_s: float = 90) -> BatchStatus:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = _status(client, batch_id)
+        if (until == "finished" and status.finished) or (
+            until.startswith("done>=") and status.done + status.failed >= int(until[6:])
+        ):
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} not {until}: {status}")
+
+
+@pytest.mark.slow
+def test_batch_survives_a_sigkilled_worker_and_a_resubmission_redoes_nothing(
+    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+) -> None:
+    env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="2")
+    io = start_worker(env, "-Q", "search,fetch", "-n", "io@%h", "-c", "4")
+    start_worker(env, "-Q", "embed,rank", "-n", "vec@%h", "-c", "4")
+    questions = _write(tmp_path / "q.jsonl", QUESTIONS)
+    submitted = run_cli(
+        env, "batch", "submit", str(questions), "--name", "w1", "--max-sources", "3"
+    )
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    batch_id = submitted.stdout.strip()
+
+    _wait(db14, batch_id, "done>=2")
+    os.killpg(io.proc.pid, signal.SIGKILL)  # mid-batch: its unacked tasks come back
+    io.proc.wait(timeout=10)
+    start_worker(env, "-Q", "search,fetch", "-n", "io2@%h", "-c", "4")
+    status = _wait(db14, batch_id, "finished", timeout_s=150)
+    assert status.state == "finished" and status.done + status.failed == len(QUESTIONS)
+    assert status.done >= len(QUESTIONS) - 1, status
+    assert status.stats["pages_downloaded"] > 0 and status.stats["tokens_embedded"] > 0
+
+    out = tmp_path / "results.jsonl"
+    listed = run_cli(env, "batch", "results", batch_id, "--out", str(out))
+    assert listed.returncode == 0, listed.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == [f"q-{i}" for i in range(len(QUESTIONS))]
+    assert all(("bundle" in r) != ("error" in r) for r in records)
+
+    hits, tokens = sum(test_web.hits.values()), test_web.embeddings_control.stats.tokens
+    again_out = tmp_path / "again.jsonl"
+    again = run_cli(env, "batch", "submit", str(questions), "--name", "w1", "--max-sources", "3",
+                    "--wait", "--out", str(again_out))  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.strip() == batch_id and "resuming" in again.stderr
+    assert sum(test_web.hits.values()) == hits  # no page downloaded
+    assert test_web.embeddings_control.stats.tokens == tokens  # nothing embedded
+    assert _status(db14, batch_id).stats == {**status.stats, "elapsed_s": status.stats["elapsed_s"]}
+    assert again_out.read_text() == out.read_text()
+
+    changed = _write(tmp_path / "changed.jsonl", QUESTIONS[:3])
+    refused = run_cli(env, "batch", "submit", str(changed), "--name", "w1")
+    assert refused.returncode == 1 and "different file" in refused.stderr
+
+
+def test_bad_lines_are_refused_with_line_numbers_before_anything_is_queued(
+    tmp_path: Path, db14: redis.Redis
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"id": "a", "question": "fine?"}\nnot json\n{"question": "no id"}\n'
+        '{"id": "a", "question": "dup"}\n{"id": "b", "question": ""}\n'
+    )
+    env = clean_env(CELERY_BROKER_URL=BROKER, WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    done = run_cli(env, "batch", "submit", str(bad), "--name", "bad")
+    assert done.returncode == 2
+    for expected in ("line 2: not JSON", "line 3: missing id", "line 4: duplicate id",
+                     "line 5: empty question"):  # fmt: skip
+        assert expected in done.stderr, done.stderr
+    assert db14.dbsize() == 0  # nothing queued, no state written
+
+
+def test_http_batch_cancel_stops_queued_items_and_results_stream_in_order(
+    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+) -> None:
+    env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="1")
+    start_worker(env, "-c", "4")
+    api = ApiProcess(env, tmp_path / "api.log")
+    try:
+        api.wait_ready(timeout_s=90)
+        tenants = TenantStore(db14)
+        keys = {t: tenants.create_key(t)[0] for t in ("alpha", "beta")}
+        items = [{"id": f"q-{i}", "question": q} for i, q in enumerate(QUESTIONS * 2)]
+        auth = {"Authorization": f"Bearer {keys['alpha']}"}
+        with httpx.Client(base_url=api.url, headers=auth, timeout=30) as c:
+            resp = c.post("/v1/batches", params={"name": "n1", "max_sources": 3}, json=items)
+            assert resp.status_code == 202, resp.text
+            batch_id = resp.json()["id"]
+            assert resp.json()["total"] == 16
+            bad = c.post("/v1/batches", params={"name": "n2"}, content=b'{"id": 1}\n')
+            assert bad.status_code == 422 and "line 1: empty question" in bad.json()["message"]
+            other = httpx.get(f"{api.url}/v1/batches/{batch_id}",
+                              headers={"Authorization": f"Bearer {keys['beta']}"})  # fmt: skip
+            assert other.status_code == 404
+            _wait(db14, batch_id, "done>=2")
+            cancelled = c.delete(f"/v1/batches/{batch_id}")
+            assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+            time.sleep(3)
+            status = c.get(f"/v1/batches/{batch_id}").json()
+            assert status["state"] == "cancelled" and status["running"] == 0
+            finished = status["done"] + status["failed"]
+            assert finished <= 4 and status["cancelled"] == 16 - finished, status
+            with c.stream("GET", f"/v1/batches/{batch_id}/results") as streamed:
+                assert streamed.headers["content-type"].startswith("application/x-ndjson")
+                records = [json.loads(line) for line in streamed.iter_lines() if line]
+        ids = [r["id"] for r in records]
+        assert len(ids) == finished and ids == sorted(ids, key=lambda i: int(i[2:]))
+    finally:
+        api.stop()
+
+
+@pytest.mark.slow
+def test_interactive_job_goes_ahead_of_queued_batch_items(
+    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+) -> None:
+    """One worker thread, six batch items queued (low priority): a research job submitted
+    after them finishes before most of them (its tasks are served first)."""
+    env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="6")
+    start_worker(env, "-c", "1")
+    topics = ["SEI layer growth", "lithium plating cold charging", "calendar vs cycle ageing",
+              "particle cracking layered oxide cathodes", "electrolyte decomposition gassing",
+              "LFP versus NMC ageing"]  # fmt: skip
+    questions = _write(tmp_path / "q.jsonl", topics)
+    submitted = run_cli(env, "batch", "submit", str(questions), "--name", "f", "--max-sources", "2")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    batch_id = submitted.stdout.strip()
+    research = run_cli(env, "research", "second-life EV packs in stationary storage",
+                       "--max-sources", "2", "--no-wait")  # fmt: skip
+    assert research.returncode == 0, research.stderr[-3000:]
+    job_id = research.stdout.strip()
+    _wait(db14, batch_id, "finished", timeout_s=150)
+    jobs = JobStore(db14)
+    assert jobs.status(job_id).value == "succeeded"
+    finished = {
+        j: float(db14.hget(f"webctx:job:{j}:meta", "finished_at") or 0)
+        for j in [job_id, *(f"{batch_id}-{i}" for i in range(len(topics)))]
+    }
+    after = [j for j, at in finished.items() if j != job_id and at > finished[job_id]]
+    assert len(after) >= 4, finished
+
+
+def test_embedded_batch_waits_and_writes_every_item_in_input_order(
+    test_web: LoopbackWeb, tmp_path: Path
+) -> None:
+    env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    questions = _write(tmp_path / "q.jsonl", QUESTIONS[:3])
+    out = tmp_path / "out.jsonl"
+    done = run_cli(env, "batch", "submit", str(questions), "--name", "e", "--max-sources", "3",
+                   "--wait", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(done.stdout.strip()) == 32  # the batch id
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["q-0", "q-1", "q-2"]
+    assert all(r["bundle"]["chunks"] for r in records), records
+    summary = json.loads(done.stderr.strip().splitlines()[-1])
+    assert summary["state"] == "finished" and summary["done"] == 3
+    assert summary["stats"]["tokens_embedded"] > 0 and summary["stats"]["cost_usd"] > 0

@@ -1,0 +1,102 @@
+"""The batch feeder: the Celery side of webctx/batches.py.
+
+`webctx.batch_feed` runs `BatchStore.feed` for one batch. It is sent when an item's job
+ends (a JobStore observer sees the status change) and, while the batch runs, at least
+every `WEBCTX_BATCH__TICK_S` (one tick scheduled per window, claimed in Redis), so a lost
+message delays a batch by one tick at most. Items are submitted as ordinary jobs with the
+batch priority, which their tasks inherit: workers serve interactive jobs first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from webctx.batches import BatchItem, BatchStore, FeedLimits, batch_of_job
+from webctx.jobs import JobStore
+from webctx.models import JobRequest, JobStatus
+from webctx.settings import Settings
+from workers.app import app
+from workers.deps import worker_deps
+from workers.pipeline import submit_job
+
+logger = logging.getLogger(__name__)
+_ENDED = {JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value}
+
+
+def feed_limits(settings: Settings) -> FeedLimits:
+    """The feeder's limits from settings; the embedded worker keeps threads for others."""
+    concurrency = settings.batch.concurrency
+    if settings.embedded:
+        concurrency = max(1, min(concurrency, settings.worker_concurrency // 2))
+    return FeedLimits(
+        concurrency=concurrency,
+        max_inflight=settings.batch.max_inflight,
+        job_timeout_s=settings.job_timeout_s,
+        grace_s=max(30.0, 6 * settings.batch.tick_s),
+    )
+
+
+def feed_batch(jobs: JobStore, settings: Settings, batch_id: str) -> int:
+    """One feeder step for the batch, then make sure a tick follows while it runs."""
+    store = BatchStore(jobs)
+    tenant = store.tenant(batch_id)
+
+    def submit(job_id: str, request: JobRequest) -> None:
+        submit_job(
+            jobs,
+            request,
+            timeout_s=settings.job_timeout_s,
+            job_id=job_id,
+            tenant=tenant,
+            batch=batch_id,
+            priority=settings.batch.priority,
+        )
+
+    started = store.feed(batch_id, submit, feed_limits(settings))
+    if started:
+        logger.info("batch fed", extra={"batch_id": batch_id, "started": started})
+    if store.meta(batch_id)["state"] == "running" and store.claim_tick(
+        batch_id, every_s=settings.batch.tick_s
+    ):
+        app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(
+            countdown=settings.batch.tick_s, priority=0
+        )
+    return started
+
+
+def submit_batch(
+    jobs: JobStore, settings: Settings, tenant: str, name: str, items: list[BatchItem]
+) -> tuple[str, bool]:
+    """Record (or find) the batch and feed it once; (batch id, True if new)."""
+    batch_id, created = BatchStore(jobs).create(tenant, name, items)
+    feed_batch(jobs, settings, batch_id)
+    return batch_id, created
+
+
+@app.task(name="webctx.batch_feed", acks_late=True, ignore_result=True)
+def batch_feed(batch_id: str) -> str:
+    """Settle a batch's finished items and start the next ones."""
+    deps = worker_deps()
+    try:
+        feed_batch(deps.jobs, deps.settings, batch_id)
+    except Exception:  # the next tick or item end tries again
+        logger.exception("batch feed failed", extra={"batch_id": batch_id})
+    return batch_id
+
+
+class FeedOnItemEnd:
+    """JobStore observer: when a batch item's job ends, feed its batch (promptly, priority 0)."""
+
+    def job_event(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
+        """Send `webctx.batch_feed` for an ended batch item."""
+        if event != "status" or facts.get("status") not in _ENDED:
+            return
+        batch_id = batch_of_job(job_id)
+        if batch_id is not None:
+            app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(priority=0)
+
+
+if not any(isinstance(o, FeedOnItemEnd) for o in JobStore.observers):
+    JobStore.observers.append(FeedOnItemEnd())

@@ -1,0 +1,169 @@
+"""Index tasks on the `index` queue: the beat's tick, one source's re-index, index search.
+
+Beat sends `webctx.index.tick` every WEBCTX_INDEX__TICK_S; the tick claims due sources in
+the registry (each due time exactly once, however many beats or redeliveries send ticks)
+and starts one `webctx.index.refresh` per claimed source. A run lock per source keeps a
+scheduled run and a manual `webctx sources refresh` from interleaving on the same pages.
+
+    webctx:index:run:<run_id>   hash  pending count and each source's report (manual runs)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, cast
+
+import redis
+
+from webctx.errors import ConfigError
+from webctx.index import IndexContext, IndexHit, PageIndex, refresh_source, search_index, sweep
+from webctx.ports import ConditionalFetcher, IndexStore
+from webctx.settings import Settings
+from webctx.sources import Source, SourceRegistry
+from workers.app import app
+from workers.deps import Deps, worker_deps
+
+logger = logging.getLogger(__name__)
+RUN_TTL_S = 24 * 3600
+
+
+def index_context(deps: Deps) -> IndexContext:
+    """The re-index collaborators of this process's Deps."""
+    store, fetcher = deps.store, deps.fetcher
+    if not isinstance(store, IndexStore) or not isinstance(fetcher, ConditionalFetcher):
+        raise ConfigError("the configured vector store or fetcher cannot serve the index")
+    return IndexContext(
+        index=PageIndex(deps.jobs.r),
+        fetcher=fetcher,
+        embedder=deps.embedder,
+        store=store,
+        chunking=deps.settings.chunk,
+        embedding=deps.settings.embed,
+        settings=deps.settings.index,
+        cache=deps.cache,
+        limiter=deps.limiter,
+        extract_timeout_s=deps.settings.fetch.extract_timeout_s,
+    )
+
+
+@app.task(name="webctx.index.tick", acks_late=True)
+def tick() -> int:
+    """Start a refresh of every due source this tick won; sweep old points."""
+    deps = worker_deps()
+    due = SourceRegistry(deps.jobs.r).claim_due()
+    for source in due:
+        app.signature("webctx.index.refresh", args=(source.tenant, source.source_id)).apply_async()
+    if due:
+        logger.info("sources due", extra={"sources": len(due)})
+    return len(due)
+
+
+@app.task(name="webctx.index.refresh", acks_late=True)
+def refresh(tenant: str, source_id: str, run_id: str | None = None) -> str:
+    """Re-index one source (skipped while another run of it holds the lock)."""
+    deps = worker_deps()
+    r = deps.jobs.r
+    source = SourceRegistry(r).get(tenant, source_id)
+    report: dict[str, Any] = {"error": "source removed"}
+    lock = f"webctx:index:lock:{tenant}:{source_id}"
+    if source is not None:
+        if r.set(lock, run_id or "scheduled", nx=True, ex=deps.settings.task_time_limit_s):
+            try:
+                report = refresh_source(source, index_context(deps)).as_dict()
+                SourceRegistry(r).record_run(source, report)
+            finally:
+                r.delete(lock)
+        else:
+            report = {"error": "another run of this source is in progress"}
+    if run_id:
+        pipe = r.pipeline()
+        pipe.hset(f"webctx:index:run:{run_id}", source_id, json.dumps(report))
+        pipe.hincrby(f"webctx:index:run:{run_id}", "pending", -1)
+        pipe.expire(f"webctx:index:run:{run_id}", RUN_TTL_S)
+        pipe.execute()
+    return source_id
+
+
+@app.task(name="webctx.index.search", acks_late=True, ignore_result=False)
+def search(tenant: str, query: str, limit: int, filters: dict[str, str | None]) -> list[Any]:
+    """Index search where the vector store is open (the embedded engine's one process)."""
+    hits = search_index(query, tenant=tenant, ctx=index_context(worker_deps()), limit=limit,
+                        **filters)  # fmt: skip
+    return [h.model_dump() for h in hits]
+
+
+@app.task(name="webctx.index.forget", acks_late=True)
+def forget(tenant: str, source_id: str) -> int:
+    """Drop a removed source's pages, then sweep what nothing points at."""
+    ctx = index_context(worker_deps())
+    dropped = ctx.index.drop_source(tenant, source_id, grace_s=ctx.settings.grace_s)
+    sweep(ctx)
+    return dropped
+
+
+# -- entry points' helpers (CLI, API, MCP) -----------------------------------------------------
+def local_store(settings: Settings) -> bool:
+    """True when this process may open the vector store itself (no broker, or a server)."""
+    return settings.embedded or bool(settings.qdrant_url)
+
+
+def run_search(
+    settings: Settings,
+    *,
+    tenant: str,
+    query: str,
+    limit: int = 10,
+    filters: dict[str, str | None] | None = None,
+    timeout_s: float = 30.0,
+) -> list[IndexHit]:
+    """Search the index here, or through a worker when it holds the embedded engine."""
+    filters = filters or {}
+    if local_store(settings):
+        return search_index(query, tenant=tenant, ctx=index_context(worker_deps()),
+                            limit=limit, **filters)  # fmt: skip
+    result = app.signature("webctx.index.search", args=(tenant, query, limit, filters))
+    raw = cast(list[Any], result.apply_async().get(timeout=timeout_s))
+    return [IndexHit.model_validate(h) for h in raw]
+
+
+def start_refresh(settings: Settings, r: redis.Redis, sources: Sequence[Source]) -> str:
+    """Re-index `sources` now, outside the schedule; returns the run id to wait on."""
+    run_id = uuid.uuid4().hex
+    key = f"webctx:index:run:{run_id}"
+    tenants = ",".join(sorted({s.tenant for s in sources}))
+    r.hset(key, mapping={"pending": len(sources), "started_at": f"{time.time():.3f}",
+                         "tenant": tenants})  # fmt: skip
+    r.expire(key, RUN_TTL_S)
+    for source in sources:
+        if settings.embedded:  # no broker: run here, now
+            refresh.run(source.tenant, source.source_id, run_id)
+        else:
+            app.signature(
+                "webctx.index.refresh", args=(source.tenant, source.source_id, run_id)
+            ).apply_async()
+    return run_id
+
+
+def run_status(r: redis.Redis, run_id: str) -> dict[str, Any] | None:
+    """pending count and finished sources' reports of a manual run."""
+    raw = cast(dict[str, str], r.hgetall(f"webctx:index:run:{run_id}"))
+    if not raw:
+        return None
+    meta = ("pending", "started_at", "tenant")
+    reports = {k: json.loads(v) for k, v in raw.items() if k not in meta}
+    return {"run_id": run_id, "pending": int(raw["pending"]), "tenant": raw.get("tenant", ""),
+            "sources": reports}  # fmt: skip
+
+
+def wait_for_run(r: redis.Redis, run_id: str, *, timeout_s: float) -> dict[str, Any] | None:
+    """Poll a manual run until every source reported or `timeout_s` passed."""
+    deadline = time.monotonic() + timeout_s
+    status = run_status(r, run_id)
+    while status is not None and status["pending"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = run_status(r, run_id)
+    return status
