@@ -18,9 +18,12 @@ class SearchProvider(Protocol):
 
     name: str
 
-    def search(self, query: str, *, limit: int) -> list[SearchResult]:
-        """Results for one query, best first. Raises RateLimited, ProviderUnavailable,
-        ProviderError."""
+    def search(
+        self, query: str, *, limit: int, recency_days: int | None = None
+    ) -> list[SearchResult]:
+        """Results for one query, best first, published within `recency_days` when given
+        (at the provider's granularity: day, week, month, year). Raises RateLimited,
+        ProviderUnavailable, ProviderError."""
         ...
 
 

@@ -190,14 +190,18 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
 
 def _cached_search(deps: Deps, job_id: str, query: str, limit: int) -> list[SearchResult]:
     """One query's results; batch items take them from the search cache when fresh."""
+    recency = deps.jobs.request(job_id).recency_days
     ttl_s = deps.settings.search_cache_ttl_s
     cache = SearchCache(deps.jobs.r, ttl_s=ttl_s, provider=getattr(deps.search, "name", ""))
-    results = cache.get(query, limit=limit) if deps.jobs.batch_of(job_id) else None
+    # The cache holds unrestricted results only: a recency-limited query always goes out.
+    cached = deps.jobs.batch_of(job_id) and recency is None
+    results = cache.get(query, limit=limit) if cached else None
     if results is not None:
         deps.jobs.add_counts(job_id, searches_cached=1)
         return results
-    results = search_query(deps.search, query, limit=limit)
-    cache.put(query, results, limit=limit)
+    results = search_query(deps.search, query, limit=limit, recency_days=recency)
+    if recency is None:
+        cache.put(query, results, limit=limit)
     deps.jobs.add_counts(job_id, searches_sent=1)
     return results
 

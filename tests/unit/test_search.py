@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -213,3 +214,36 @@ def test_ddgs_translates_errors(exc: Exception, expected: type[Exception]) -> No
 def test_ddgs_no_results_is_empty_list() -> None:
     provider = DdgsSearch(ddgs=ScriptedDDGS(DDGSException("No results found.")))
     assert provider.search("q", limit=3) == []
+
+
+def test_recency_limits_searxng_results_to_the_time_range() -> None:
+    now = datetime.now(UTC)
+    docs = [
+        SearchDoc(
+            "https://a.example/new",
+            "Celery news",
+            "celery release",
+            (now - timedelta(days=3)).date().isoformat(),
+        ),
+        SearchDoc(
+            "https://a.example/old",
+            "Celery history",
+            "celery release",
+            (now - timedelta(days=400)).date().isoformat(),
+        ),
+        SearchDoc("https://a.example/undated", "Celery notes", "celery release"),
+    ]
+    with LoopbackServer(make_searxng_app(docs)) as server:
+        recent = SearxngSearch(server.url).search("celery release", limit=10, recency_days=7)
+        year = search_query(SearxngSearch(server.url), "celery release", limit=10, recency_days=365)
+        every = SearxngSearch(server.url).search("celery release", limit=10)
+    assert [r.url for r in recent] == ["https://a.example/new"]
+    assert [r.url for r in year] == ["https://a.example/new"]
+    assert len(every) == 3
+
+
+def test_ddgs_receives_the_recency_as_its_timelimit() -> None:
+    fake = ScriptedDDGS([{"href": "https://a.example/x", "title": "x", "body": "y"}])
+    DdgsSearch(ddgs=fake).search("q", limit=3, recency_days=30)
+    DdgsSearch(ddgs=fake).search("q", limit=3)
+    assert [kwargs["timelimit"] for _, kwargs in fake.calls] == ["m", None]

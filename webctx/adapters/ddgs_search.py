@@ -10,6 +10,7 @@ from ddgs.exceptions import DDGSException, RatelimitException, TimeoutException
 
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
 from webctx.models import SearchResult
+from webctx.stages.search import time_range
 
 if TYPE_CHECKING:
     # `ddgs.DDGS` is a lazy proxy class (it defers importing every engine); this is the real one.
@@ -36,13 +37,18 @@ class DdgsSearch:
         self._ddgs = ddgs if ddgs is not None else ddgs_package.DDGS(timeout=math.ceil(timeout_s))
         self.region, self.safesearch, self.backend = region, safesearch, backend
 
-    def search(self, query: str, *, limit: int) -> list[SearchResult]:
+    def search(
+        self, query: str, *, limit: int, recency_days: int | None = None
+    ) -> list[SearchResult]:
         """Up to `limit` results, best first; no hits is an empty list, not an error."""
+        # ddgs takes d/w/m/y for the day/week/month/year time ranges.
+        timelimit = time_range(recency_days)[0] if recency_days else None
         try:
             rows = self._ddgs.text(
                 query,
                 region=self.region,
                 safesearch=self.safesearch,
+                timelimit=timelimit,
                 max_results=limit,
                 backend=self.backend,
             )

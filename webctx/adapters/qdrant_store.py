@@ -129,9 +129,7 @@ class QdrantVectorStore:
                               (self._sparse_name, self._sparse_exists())):  # fmt: skip
             if present:
                 _client(
-                    functools.partial(
-                        self.client.delete, name, points_selector=selector, wait=True
-                    )
+                    functools.partial(self.client.delete, name, points_selector=selector, wait=True)
                 )
 
     def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
@@ -169,8 +167,7 @@ class QdrantVectorStore:
             )
         )
         return [
-            scored_chunk(hit.payload or {}, score=hit.score, vector=[])
-            for hit in response.points
+            scored_chunk(hit.payload or {}, score=hit.score, vector=[]) for hit in response.points
         ]
 
     @property

@@ -9,6 +9,7 @@ import httpx
 
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
 from webctx.models import SearchResult
+from webctx.stages.search import time_range
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -45,12 +46,15 @@ class SearxngSearch:
         self._client = client or httpx.Client(timeout=timeout_s, follow_redirects=True)
         self._timeout_s = timeout_s
 
-    def search(self, query: str, *, limit: int) -> list[SearchResult]:
+    def search(
+        self, query: str, *, limit: int, recency_days: int | None = None
+    ) -> list[SearchResult]:
         """Up to `limit` results, best first; SearxNG's page size is fixed, so page on."""
         results: list[SearchResult] = []
         seen: set[str] = set()
+        extra = {"time_range": time_range(recency_days)} if recency_days else {}
         for pageno in range(1, self.max_pages + 1):
-            items = self._page(query, pageno)
+            items = self._page(query, pageno, extra)
             fresh = [item for item in items if item["url"] not in seen]
             for item in fresh:
                 seen.add(item["url"])
@@ -64,9 +68,9 @@ class SearxngSearch:
         if self._owns_client:
             self._client.close()
 
-    def _page(self, query: str, pageno: int) -> list[dict[str, str]]:
+    def _page(self, query: str, pageno: int, extra: dict[str, str]) -> list[dict[str, str]]:
         """The usable results of one page; raises the webctx error tree."""
-        params = {"q": query, "format": "json", "pageno": str(pageno)}
+        params = {"q": query, "format": "json", "pageno": str(pageno), **extra}
         try:
             resp = self._client.get(
                 f"{self.base_url}/search", params=params, timeout=self._timeout_s

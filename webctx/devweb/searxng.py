@@ -12,6 +12,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.applications import Starlette
@@ -112,6 +113,22 @@ def _fault_response(status: int, retry_after: float | None) -> Response:
     return PlainTextResponse(f"injected fault {status}", status_code=status, headers=headers)
 
 
+# SearxNG's time ranges; like its engines, an undated document is never "recent".
+_TIME_RANGES = {"day": 1, "week": 7, "month": 31, "year": 365}
+
+
+def _published_within(doc: SearchDoc, days: int) -> bool:
+    if not doc.published:
+        return False
+    try:
+        published = datetime.fromisoformat(doc.published)
+    except ValueError:
+        return False
+    if published.tzinfo is None:
+        published = published.replace(tzinfo=UTC)
+    return datetime.now(UTC) - published <= timedelta(days=days)
+
+
 def make_searxng_app(docs: Sequence[SearchDoc], *, results_per_page: int = 10) -> Starlette:
     """A Starlette app serving `GET /search?q=...&format=json&pageno=N` over `docs`."""
     index = BM25Index(docs)
@@ -133,6 +150,11 @@ def make_searxng_app(docs: Sequence[SearchDoc], *, results_per_page: int = 10) -
         except ValueError:
             return PlainTextResponse("Bad Request: pageno", status_code=400)
         hits = index.search(query)
+        if params.get("time_range"):
+            window = _TIME_RANGES.get(params["time_range"])
+            if window is None:
+                return PlainTextResponse("Bad Request: time_range", status_code=400)
+            hits = [(d, s) for d, s in hits if _published_within(d, window)]
         start = (pageno - 1) * results_per_page
         page = hits[start : start + results_per_page]
         body = {

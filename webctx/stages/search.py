@@ -118,9 +118,22 @@ def merge_results(
     return [m.result for m in ordered]
 
 
-def search_query(provider: SearchProvider, query: str, *, limit: int) -> list[SearchResult]:
+def time_range(recency_days: int) -> str:
+    """The coarsest provider time range that covers `recency_days`: day/week/month/year."""
+    if recency_days <= 1:
+        return "day"
+    if recency_days <= 7:
+        return "week"
+    if recency_days <= 31:
+        return "month"
+    return "year"
+
+
+def search_query(
+    provider: SearchProvider, query: str, *, limit: int, recency_days: int | None = None
+) -> list[SearchResult]:
     """Up to `limit` http(s) results of one query, tagged with the query and provider."""
-    results = provider.search(query, limit=limit)
+    results = provider.search(query, limit=limit, recency_days=recency_days)
     tagged = [
         r.model_copy(update={"query": r.query or query, "provider": r.provider or provider.name})
         for r in results
