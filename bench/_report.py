@@ -13,15 +13,21 @@ HEADER = (
 )
 
 
-def write_section(name: str, body: str) -> None:
-    """Put `body` between `<!-- bench:NAME -->` markers, adding them at the end if new."""
-    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    stamp = f"`bench/{name}.py --write` on {date.today()}, {platform.python_version()}.\n\n"
-    block = f"{begin}\n## {name}\n\n{stamp}{body.strip()}\n{end}"
+def replace_block(begin: str, end: str, block: str) -> None:
+    """Replace the text from `begin` to `end` (markers included) with `block`, which
+    carries the markers itself; append it when the markers are not there yet."""
     text = DOC.read_text() if DOC.exists() else HEADER
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
         text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
+    DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text)
+
+
+def write_section(name: str, body: str) -> None:
+    """Put `body` under a heading between `<!-- bench:NAME -->` markers."""
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    stamp = f"`bench/{name}.py --write` on {date.today()}, {platform.python_version()}.\n\n"
+    replace_block(begin, end, f"{begin}\n## {name}\n\n{stamp}{body.strip()}\n{end}")

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
+from bench._report import replace_block  # noqa: E402
 from webctx.devweb.embeddings import embeddings_control, make_embeddings_app  # noqa: E402
 from webctx.devweb.server import LoopbackServer  # noqa: E402
 
@@ -44,11 +45,6 @@ RPM, TPM, LATENCY_S = 3000, 1_000_000, 0.3
 CHUNKS_PER_PAGE, THREADS = 20, 8
 REDIS_URL = "redis://127.0.0.1:6379/12"
 BEGIN, END = "<!-- bench:embed_throughput -->", "<!-- /bench:embed_throughput -->"
-DOC = ROOT / "docs" / "benchmarks.md"
-DOC_HEADER = (
-    "# Benchmarks\n\nNumbers behind webctx's defaults. Each section is written by the script it"
-    " names (`--write`); rerun it to refresh the section.\n"
-)
 VOCAB = (
     "the worker queue broker retries task redis celery token window limit embed vector chunk"
     " page source citation search fetch rank bundle answer question model provider request"
@@ -268,12 +264,7 @@ def render(rows: list[Row], chunks: int, window_s: float) -> str:
 
 
 def write_section(text: str) -> None:
-    doc = DOC.read_text() if DOC.exists() else DOC_HEADER
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END) :]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
-    DOC.write_text(doc)
+    replace_block(BEGIN, END, text)
 
 
 def main() -> None:

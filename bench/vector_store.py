@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import qdrant_edge as qe  # noqa: E402
 from qdrant_client import QdrantClient  # noqa: E402
 
+from bench._report import DOC, replace_block  # noqa: E402
 from webctx.adapters.edge_store import EdgeVectorStore  # noqa: E402
 from webctx.adapters.qdrant_store import QdrantVectorStore  # noqa: E402
 from webctx.models import Chunk, StoredChunk  # noqa: E402
@@ -48,11 +49,6 @@ CHUNK_CHARS = 1000  # ~256 tokens, WEBCTX_CHUNK__MAX_TOKENS
 WARMUP = 5
 LOAD_AT_START: list[float] = []
 BEGIN, END = "<!-- bench:vector_store -->", "<!-- /bench:vector_store -->"
-DOC = ROOT / "docs" / "benchmarks.md"
-DOC_HEADER = (
-    "# Benchmarks\n\nNumbers behind webctx's defaults. Each section is written by the script it"
-    " names (`--write`); rerun it to refresh the section.\n"
-)
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -323,13 +319,7 @@ def section(
 
 
 def write_section(text: str) -> None:
-    doc = DOC.read_text() if DOC.exists() else DOC_HEADER
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END) :]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(doc)
+    replace_block(BEGIN, END, text)
 
 
 def main() -> None:
