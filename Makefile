@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,local]'
+	$(PY) -m pip install -q -e '.[dev,local,otel]'
 	touch $(STAMP)
 
 install: $(STAMP)
