@@ -44,6 +44,14 @@ class Deps:
                 self._store = build_store(self.settings)
             return self._store
 
+    def close(self) -> None:
+        """Close the vector store if it was opened (the embedded engine holds a lock)."""
+        with self._store_lock:
+            close = getattr(self._store, "close", None)
+            if callable(close):
+                close()
+            self._store = None
+
 
 _lock = threading.Lock()
 _deps: Deps | None = None

@@ -3,10 +3,11 @@ in-memory broker, sharing this process's job store and vector store."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from celery.contrib.testing.worker import start_worker
+from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker
 
 from webctx.errors import ConfigError
 from webctx.settings import Settings
@@ -16,22 +17,36 @@ from workers.deps import Deps, build_deps, set_deps
 
 @contextmanager
 def embedded_worker(settings: Settings) -> Iterator[Deps]:
-    """Run a thread-pool worker in this process for the duration of the block."""
+    """Run a thread-pool worker in this process for the duration of the block.
+
+    On leaving, the worker is not drained: the in-memory broker dies with the process, so
+    whatever is still queued (the deadline watchdog, a cancelled job's tasks) has no one to
+    run it anyway, and a graceful Celery shutdown costs seconds of polling. The vector
+    store is closed, so the embedded engine is left consistent on disk.
+    """
     if not settings.embedded:
         raise ConfigError("the embedded worker runs only when CELERY_BROKER_URL is unset")
     if not str(app.conf.broker_url).startswith("memory://"):
         raise ConfigError(f"embedded mode needs the memory:// broker, not {app.conf.broker_url}")
     deps = build_deps(settings)
     set_deps(deps)
+    setup_app_for_worker(app, "WARNING", None)
+    worker = TestWorkController(
+        app=app,
+        pool="threads",
+        concurrency=settings.worker_concurrency,
+        hostname="embedded@webctx",
+        loglevel="WARNING",
+        ready_callback=None,
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    thread = threading.Thread(target=worker.start, daemon=True, name="embedded-worker")
+    thread.start()
+    worker.ensure_started()
     try:
-        with start_worker(
-            app,
-            pool="threads",
-            concurrency=settings.worker_concurrency,
-            perform_ping_check=False,
-            loglevel="WARNING",
-            shutdown_timeout=30.0,
-        ):
-            yield deps
+        yield deps
     finally:
         set_deps(None)
+        deps.close()
