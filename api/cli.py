@@ -68,7 +68,7 @@ def research(
     question: Annotated[str, typer.Argument(help="The research question.")],
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
     max_sources: Annotated[int, typer.Option(help="Pages to fetch at most.")] = 10,
-    top_k: Annotated[int, typer.Option(help="Chunks in the bundle at most.")] = 12,
+    top_k: Annotated[int, typer.Option(help="Chunks in the bundle at most.")] = 60,
     token_budget: Annotated[int, typer.Option(help="Tokens of chunk text at most.")] = 3000,
     max_queries: Annotated[int, typer.Option(help="Search queries planned at most.")] = 4,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and exit.")] = False,

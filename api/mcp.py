@@ -159,7 +159,7 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
             str, Field(min_length=1, max_length=2000, description="The question to research.")
         ],
         max_sources: Annotated[int, Field(ge=1, le=50, description="Pages to fetch at most.")] = 8,
-        top_k: Annotated[int, Field(ge=1, le=50, description="Passages at most.")] = 10,
+        top_k: Annotated[int, Field(ge=1, le=200, description="Passages at most.")] = 60,
         token_budget: Annotated[
             int, Field(ge=200, le=20_000, description="Tokens of passage text at most.")
         ] = 3000,
@@ -167,7 +167,8 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
             list[str] | None, Field(description="Only sources from these domains.")
         ] = None,
         recency_days: Annotated[
-            int | None, Field(ge=1, le=3650, description="Prefer pages newer than this.")
+            int | None,
+            Field(ge=1, le=3650, description="Only pages published within this many days."),
         ] = None,
     ) -> Annotated[CallToolResult, Bundle]:
         request = _request(

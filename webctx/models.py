@@ -21,7 +21,8 @@ class JobRequest(BaseModel):
 
     question: str = Field(min_length=1, max_length=2000)
     max_sources: int = Field(default=10, ge=1, le=100)
-    top_k: int = Field(default=12, ge=1, le=200)
+    # Chunks are small (64 tokens): the budget, not top_k, should bound an ordinary bundle.
+    top_k: int = Field(default=60, ge=1, le=200)
     token_budget: int = Field(default=3000, ge=50, le=100_000)
     max_queries: int = Field(default=4, ge=1, le=10)
     include_domains: list[str] = Field(default_factory=list)
