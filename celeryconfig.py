@@ -76,10 +76,17 @@ task_default_routing_key = "search"
 # Each queue gets its own exchange and routing key: bare Queue(name) objects would all
 # bind to the default exchange with the default key, and every message would be
 # delivered to every queue.
-task_queues = [Queue(name, Exchange(name), routing_key=name) for name in STAGE_QUEUES]
+# On RabbitMQ a queue orders messages by priority only when declared with x-max-priority
+# (and an existing queue keeps the arguments it was declared with: delete it to change them).
+AMQP = broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
+MAX_PRIORITY = 9  # webctx priorities are 0-9 (workers.app.broker_priority)
+_queue_arguments = {"x-max-priority": MAX_PRIORITY} if AMQP else None
 # The index's own queue (docs/index.md): re-index runs must not delay research jobs' stages.
 INDEX_QUEUE = "index"
-task_queues.append(Queue(INDEX_QUEUE, Exchange(INDEX_QUEUE), routing_key=INDEX_QUEUE))
+task_queues = [
+    Queue(name, Exchange(name), routing_key=name, queue_arguments=_queue_arguments)
+    for name in (*STAGE_QUEUES, INDEX_QUEUE)
+]
 task_routes = {
     "webctx.plan": {"queue": "search"},
     "webctx.search": {"queue": "search"},

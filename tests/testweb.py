@@ -47,6 +47,7 @@ class LoopbackWeb:
     search: LoopbackServer
     embeddings: LoopbackServer
     hits: collections.Counter[str] = field(default_factory=collections.Counter)
+    not_modified: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def embeddings_control(self) -> EmbeddingsControl:
@@ -80,7 +81,8 @@ def start_test_web(*, rpm: int | None = 600, tpm: int | None = 2_000_000) -> Loo
     pages = {p.path: SitePage(body=p.html) for p in corpus}
     pages.update({path: page for path, (page, _) in HOSTILE.items()})
     hits: collections.Counter[str] = collections.Counter()
-    site = LoopbackServer(make_site_app(pages, hits=hits)).start()
+    not_modified: collections.Counter[str] = collections.Counter()
+    site = LoopbackServer(make_site_app(pages, hits=hits, not_modified=not_modified)).start()
     docs = [
         SearchDoc(
             site.url + p.path,
@@ -96,4 +98,4 @@ def start_test_web(*, rpm: int | None = 600, tpm: int | None = 2_000_000) -> Loo
     embeddings = LoopbackServer(
         make_embeddings_app(embed, model=MODEL, rpm=rpm, tpm=tpm, window_s=10.0)
     ).start()
-    return LoopbackWeb(site=site, search=search, embeddings=embeddings, hits=hits)
+    return LoopbackWeb(site, search, embeddings, hits=hits, not_modified=not_modified)

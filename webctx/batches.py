@@ -40,8 +40,9 @@ _PREFIX = "webctx"
 _RUNNING = f"{_PREFIX}:batches:running"
 _FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 _STAT_NAMES = (
-    "pages_downloaded", "pages_reused", "searches_sent", "searches_cached", "chunks",
-    "embed_requests", "tokens_embedded", "cache_hits", "tokens_saved", "index_reused",
+    "pages_downloaded", "pages_reused", "pages_revalidated", "searches_sent", "searches_cached",
+    "chunks", "chunks_already_stored", "embed_requests", "tokens_embedded", "cache_hits",
+    "tokens_saved", "index_reused",
 )  # fmt: skip
 MAX_LINE_ERRORS = 20
 
@@ -303,7 +304,7 @@ class BatchStore:
             eta = round(left * (now - started) / ended, 1)
         elif left == 0 or meta["state"] != "running":
             eta = 0.0
-        stats = self._stats(batch_id, price_per_1k_tokens)
+        stats = self._stats(batch_id, price_per_1k_tokens, ranked=done)
         stats["elapsed_s"] = round((finished_at or now) - started, 3) if started else 0.0
         return BatchStatus(
             id=batch_id, name=meta["name"], state=meta["state"], total=total,
@@ -312,12 +313,14 @@ class BatchStore:
             stats=stats,
         )  # fmt: skip
 
-    def _stats(self, batch_id: str, price_per_1k_tokens: float) -> dict[str, Any]:
+    def _stats(self, batch_id: str, price_per_1k_tokens: float, *, ranked: int) -> dict[str, Any]:
         raw = cast(dict[str, str], self.r.hgetall(self._k(batch_id, "stats")))
         counts = {name: int(raw.get(name, 0)) for name in _STAT_NAMES}
-        pages = counts["pages_downloaded"] + counts["pages_reused"]
+        pages = counts["pages_downloaded"] + counts["pages_reused"] + counts["pages_revalidated"]
         searches = counts["searches_sent"] + counts["searches_cached"]
-        lookups = counts["chunks"] + counts["cache_hits"]  # chunk and question lookups, roughly
+        # Texts looked up in the embedding cache: chunks of pages not already stored, and
+        # each ranked item's question.
+        lookups = counts["chunks"] - counts["chunks_already_stored"] + ranked
         return {
             **counts,
             "failures_by_reason": {

@@ -1,12 +1,19 @@
 """Shared work across jobs: a URL cache of fetched pages and a search-results cache.
 
     webctx:urlcache:<sha256(normalised url)>   hash  sha, fetched_at, etag, last_modified
+    webctx:urlfail:<sha256(normalised url)>    hash  stage, reason, error (a failed download)
+    webctx:urlflight:<sha256(normalised url)>  one downloader's claim (SET NX, expiring)
     webctx:searchcache:<sha256(provider, limit, query)>   JSON list of SearchResult
+    webctx:indexed:<content sha>   hash  <sha256(store, model, chunking)[:16]>: chunks stored
 
 A page fetched within `ttl_s` is reused by any job (any tenant: the page is public web
 content, and the job store keeps it by content hash already), so a batch downloads each
 page once per freshness window; the stored page is linked to the new job as if fetched,
-which also puts it in the tenant's own page index. Entries expire with their window.
+which also puts it in the tenant's own page index. Past the window, an entry with an ETag
+or Last-Modified makes the next download conditional: a 304 reuses the stored page.
+Downloads are single-flight: of the jobs that want one URL at once, one downloads it and the
+others wait for its entry (or its failure, remembered for a shorter window). A page whose
+chunks are already in the vector store is not chunked, embedded or upserted again.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -23,6 +31,29 @@ from webctx.models import Page, SearchResult
 from webctx.stages.search import normalize_url
 
 _PREFIX = "webctx"
+FAILURE_TTL_S = 600
+"""A failed download is remembered this long at most (a dead URL is retried after it)."""
+REVALIDATE_WINDOWS = 7
+"""A page's entry outlives its freshness window this many times over: past the window, its
+ETag / Last-Modified make the next download a conditional GET (304: the page is reused)."""
+
+
+@dataclass(frozen=True)
+class StaleEntry:
+    """A page fetched before the window, and the validators to ask whether it changed."""
+
+    sha: str
+    etag: str | None
+    last_modified: str | None
+
+
+@dataclass(frozen=True)
+class RememberedFailure:
+    """Why the last download of a URL failed."""
+
+    stage: str
+    reason: str
+    error: str
 
 
 def _digest(*parts: str) -> str:
@@ -54,6 +85,61 @@ class PageCache:
         sha = self.fresh_sha(url)
         return load(sha) if sha else None
 
+    def stale(self, url: str) -> StaleEntry | None:
+        """The last page of `url` (past its window) if it came with a validator, or None."""
+        if self.ttl_s <= 0:
+            return None
+        raw = cast(dict[str, str], self.r.hgetall(self._key(url)))
+        if "sha" not in raw or not (raw.get("etag") or raw.get("last_modified")):
+            return None
+        return StaleEntry(raw["sha"], raw.get("etag") or None, raw.get("last_modified") or None)
+
+    def failure(self, url: str) -> RememberedFailure | None:
+        """Why the download of `url` failed within the failure window, or None."""
+        if self.ttl_s <= 0:
+            return None
+        raw = cast(dict[str, str], self.r.hgetall(self._failure_key(url)))
+        if not raw:
+            return None
+        return RememberedFailure(raw["stage"], raw["reason"], raw["error"])
+
+    def remember_failure(self, url: str, failure: RememberedFailure) -> None:
+        """Record a failed download, for at most FAILURE_TTL_S; a fresh page stays."""
+        if self.ttl_s <= 0 or self.fresh_sha(url):
+            return
+        key = self._failure_key(url)
+        fields: dict[Any, Any] = {"stage": failure.stage, "reason": failure.reason,
+                                  "error": failure.error[:500]}  # fmt: skip
+        pipe = self.r.pipeline()
+        pipe.hset(key, mapping=fields)
+        pipe.expire(key, min(self.ttl_s, FAILURE_TTL_S))
+        pipe.execute()
+
+    def claim_download(self, url: str, *, hold_s: float) -> bool:
+        """True if this caller is to download `url` (no one else is, for `hold_s` at most)."""
+        key = self._flight_key(url)
+        return bool(self.r.set(key, "1", nx=True, px=max(1, int(hold_s * 1000))))
+
+    def release_download(self, url: str) -> None:
+        """End this caller's claim (after `remember` or `remember_failure`)."""
+        self.r.delete(self._flight_key(url))
+
+    def wait_download(self, url: str, *, timeout_s: float, poll_s: float = 0.1) -> bool:
+        """Wait until no one is downloading `url`; False if the claim outlived `timeout_s`."""
+        key = self._flight_key(url)
+        deadline = time.monotonic() + timeout_s
+        while self.r.exists(key):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def _flight_key(self, url: str) -> str:
+        return f"{_PREFIX}:urlflight:{_digest(normalize_url(url))}"
+
+    def _failure_key(self, url: str) -> str:
+        return f"{_PREFIX}:urlfail:{_digest(normalize_url(url))}"
+
     def remember(self, url: str, page: Page) -> None:
         """Record that `page` was just downloaded from `url` (and from its final URL)."""
         if self.ttl_s <= 0:
@@ -65,9 +151,11 @@ class PageCache:
             "last_modified": page.last_modified or "",
         }
         pipe = self.r.pipeline()
-        for key in {self._key(url), self._key(page.final_url)}:
+        for link in {url, page.final_url}:
+            key = self._key(link)
+            pipe.delete(key, self._failure_key(link))  # a remembered failure goes too
             pipe.hset(key, mapping=fields)
-            pipe.expire(key, self.ttl_s)
+            pipe.expire(key, self.ttl_s * REVALIDATE_WINDOWS)
         pipe.execute()
 
 
@@ -98,3 +186,40 @@ class SearchCache:
             return
         payload = json.dumps([r.model_dump() for r in results])
         self.r.set(self._key(query, limit), payload, ex=self.ttl_s)
+
+
+class IndexedPages:
+    """Content hash -> chunks stored, per (store, embedding model, chunking): a page already
+    in the vector store is not chunked, embedded or upserted again while the entry lives.
+
+    `forget` must follow any deletion of a page's points (the index's page removal does)."""
+
+    def __init__(self, client: redis.Redis, *, ttl_s: int, scope: Sequence[str]) -> None:
+        self.r = client
+        self.ttl_s = ttl_s
+        self.scope = _digest(*scope)[:16]
+
+    @staticmethod
+    def _key(content_sha256: str) -> str:
+        return f"{_PREFIX}:indexed:{content_sha256}"
+
+    def chunks(self, content_sha256: str) -> int | None:
+        """How many chunks of the page are stored, or None if it is not known to be."""
+        if self.ttl_s <= 0:
+            return None
+        raw = self.r.hget(self._key(content_sha256), self.scope)
+        return int(cast(str, raw)) if raw is not None else None
+
+    def mark(self, content_sha256: str, chunks: int) -> None:
+        """Record that all `chunks` chunks of the page are stored."""
+        if self.ttl_s > 0:
+            key = self._key(content_sha256)
+            pipe = self.r.pipeline()
+            pipe.hset(key, self.scope, str(chunks))
+            pipe.expire(key, self.ttl_s)
+            pipe.execute()
+
+    def forget(self, content_sha256s: Sequence[str]) -> None:
+        """Drop what is known of pages whose points were deleted (in every scope)."""
+        if content_sha256s:
+            self.r.delete(*(self._key(sha) for sha in content_sha256s))

@@ -17,7 +17,7 @@ from webctx.batches import BatchItem, BatchStore, FeedLimits, batch_of_job
 from webctx.jobs import JobStore
 from webctx.models import JobRequest, JobStatus
 from webctx.settings import Settings
-from workers.app import app
+from workers.app import app, broker_priority
 from workers.deps import worker_deps
 from workers.pipeline import submit_job
 
@@ -61,7 +61,7 @@ def feed_batch(jobs: JobStore, settings: Settings, batch_id: str) -> int:
         batch_id, every_s=settings.batch.tick_s
     ):
         app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(
-            countdown=settings.batch.tick_s, priority=0
+            countdown=settings.batch.tick_s, priority=broker_priority(0)
         )
     return started
 
@@ -95,7 +95,9 @@ class FeedOnItemEnd:
             return
         batch_id = batch_of_job(job_id)
         if batch_id is not None:
-            app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(priority=0)
+            app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(
+                priority=broker_priority(0)
+            )
 
 
 if not any(isinstance(o, FeedOnItemEnd) for o in JobStore.observers):

@@ -17,7 +17,7 @@ from celery import group
 from webctx.jobs import JobStore
 from webctx.models import Failure, JobRequest, JobStatus
 from webctx.stages.search import merge_results
-from workers.app import app
+from workers.app import app, broker_priority
 
 
 def submit_job(
@@ -36,6 +36,7 @@ def submit_job(
     (`task_inherit_parent_priority`), so a worker serves interactive jobs first.
     """
     job_id = jobs.create(request, job_id=job_id, tenant=tenant, batch=batch)
+    priority = broker_priority(priority)
     app.signature("webctx.plan", args=(job_id,)).apply_async(priority=priority)
     app.signature("webctx.rank", args=(job_id,), kwargs={"force": True}).apply_async(
         countdown=timeout_s, priority=priority

@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import redis
@@ -14,10 +15,11 @@ from celery import Task
 
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
 from webctx.models import BundleStats, Failure, JobStatus, Page, SearchResult
-from webctx.pagecache import PageCache, SearchCache
+from webctx.pagecache import IndexedPages, PageCache, RememberedFailure, SearchCache
+from webctx.ports import ConditionalFetcher
 from webctx.research import answer_question, index_page
 from webctx.stages.bundle import build_bundle
-from webctx.stages.fetch import fetch_page
+from webctx.stages.fetch import extract_page
 from webctx.stages.plan import LLMPlanner, plan_queries
 from webctx.stages.search import search_query
 from workers import pipeline
@@ -225,19 +227,65 @@ def _fetch_page(deps: Deps, job_id: str, url_id: str, url: str) -> Page | None:
         deps.jobs.save_page(job_id, url_id, indexed)
         return indexed
     cache = PageCache(deps.jobs.r, ttl_s=deps.settings.page_cache_ttl_s)
-    # Batch items reuse a page downloaded within the window; interactive jobs fetch anew.
-    reused = cache.fresh_page(url, deps.jobs.page) if deps.jobs.batch_of(job_id) else None
-    if reused is not None:
+    if not deps.jobs.batch_of(job_id):  # interactive jobs fetch anew
+        return _download(deps, job_id, url_id, url, cache)
+    # Batch items reuse a page downloaded within the window, and download it single-flight:
+    # one item downloads while the others wanting the URL wait for its outcome.
+    fetch = deps.settings.fetch
+    hold_s = fetch.total_timeout_s + fetch.extract_timeout_s + 5.0
+    for _ in range(3):
+        reused = _cached_outcome(deps, job_id, url_id, url, cache)
+        if reused is not None:
+            return reused if isinstance(reused, Page) else None
+        if cache.claim_download(url, hold_s=hold_s):
+            try:
+                return _download(deps, job_id, url_id, url, cache)
+            finally:
+                cache.release_download(url)
+        cache.wait_download(url, timeout_s=hold_s)
+    return _download(deps, job_id, url_id, url, cache)  # the claims keep failing: go alone
+
+
+def _cached_outcome(
+    deps: Deps, job_id: str, url_id: str, url: str, cache: PageCache
+) -> Page | Failure | None:
+    """The page downloaded within the window, or the failure of its last download (each
+    recorded for this job), or None."""
+    page = cache.fresh_page(url, deps.jobs.page)
+    if page is not None:
         deps.jobs.add_counts(job_id, pages_reused=1)
-        deps.jobs.save_page(job_id, url_id, reused)
-        return reused
-    deps.jobs.add_counts(job_id, pages_downloaded=1)
+        deps.jobs.save_page(job_id, url_id, page)
+        return page
+    failed = cache.failure(url)
+    if failed is None:
+        return None
+    failure = Failure(url=url, stage=failed.stage, error=failed.error, reason=failed.reason)  # type: ignore[arg-type]
+    deps.jobs.add_failure(job_id, url_id, failure)
+    return failure
+
+
+def _download(deps: Deps, job_id: str, url_id: str, url: str, cache: PageCache) -> Page | None:
+    """Download and extract `url` for the job; remember the page (or the failure). A page
+    fetched before, past its window, is asked for with its validators (conditional GET)."""
+    stale = cache.stale(url) if deps.jobs.batch_of(job_id) else None
+    prior = deps.jobs.page(stale.sha) if stale else None
     try:
         timeout_s = deps.settings.fetch.extract_timeout_s
-        page = fetch_page(url, deps.fetcher, extract_timeout_s=timeout_s)
+        if stale is not None and prior is not None and isinstance(deps.fetcher, ConditionalFetcher):
+            download = deps.fetcher.fetch(url, etag=stale.etag, last_modified=stale.last_modified)
+        else:
+            download = deps.fetcher.fetch(url)
+        if download.status == 304 and prior is not None:
+            deps.jobs.add_counts(job_id, pages_revalidated=1)
+            page = prior.model_copy(update={"fetched_at": datetime.now(UTC)})
+        else:
+            deps.jobs.add_counts(job_id, pages_downloaded=1)
+            page = extract_page(download, timeout_s=timeout_s)
     except FetchError as exc:
+        deps.jobs.add_counts(job_id, pages_downloaded=1)
         stage = "extract" if exc.reason == "extraction" else "fetch"
         _fail(deps, job_id, url_id, url, stage, exc)
+        cache.remember_failure(url, RememberedFailure(stage, exc.reason, str(exc)))
         return None
     except Exception as exc:  # a bug on an odd page must settle it, not stall the job
         logger.exception("fetch failed", extra={"job_id": job_id, "url": url})
@@ -248,7 +296,24 @@ def _fetch_page(deps: Deps, job_id: str, url_id: str, url: str) -> Page | None:
     return page
 
 
+def _indexed_pages(deps: Deps) -> IndexedPages:
+    """Pages known to be in this store, embedded by this model, chunked this way."""
+    settings = deps.settings
+    scope = (
+        settings.qdrant_url or str(settings.qdrant_path.resolve()),
+        settings.qdrant_collection,
+        deps.embedder.model,
+        f"{settings.chunk.max_tokens}/{settings.chunk.overlap_tokens}",
+    )
+    return IndexedPages(deps.jobs.r, ttl_s=settings.page_cache_ttl_s, scope=scope)
+
+
 def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> None:
+    indexed = _indexed_pages(deps)
+    stored = indexed.chunks(page.content_sha256)
+    if stored is not None:  # another job stored this very text: nothing to chunk or embed
+        deps.jobs.add_counts(job_id, chunks=stored, chunks_already_stored=stored)
+        return
     try:
         outcome = index_page(
             page,
@@ -272,6 +337,7 @@ def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page
         logger.exception("embed failed", extra={"job_id": job_id, "url": page.url})
         _fail(deps, job_id, url_id, page.url, "embed", exc)
         return
+    indexed.mark(page.content_sha256, outcome.chunks)
     deps.jobs.add_counts(
         job_id,
         chunks=outcome.chunks,

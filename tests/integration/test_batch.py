@@ -185,10 +185,9 @@ def test_http_batch_cancel_stops_queued_items_and_results_stream_in_order(
 def test_interactive_job_goes_ahead_of_queued_batch_items(
     test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
 ) -> None:
-    """One worker thread, six batch items queued (low priority): a research job submitted
-    after them finishes before most of them (its tasks are served first)."""
+    """Six batch items queued (low priority), then a research job, then one worker thread
+    starts: the research job finishes before most of the items (its tasks go first)."""
     env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="6")
-    start_worker(env, "-c", "1")
     topics = ["SEI layer growth", "lithium plating cold charging", "calendar vs cycle ageing",
               "particle cracking layered oxide cathodes", "electrolyte decomposition gassing",
               "LFP versus NMC ageing"]  # fmt: skip
@@ -200,6 +199,7 @@ def test_interactive_job_goes_ahead_of_queued_batch_items(
                        "--max-sources", "2", "--no-wait")  # fmt: skip
     assert research.returncode == 0, research.stderr[-3000:]
     job_id = research.stdout.strip()
+    start_worker(env, "-c", "1")
     _wait(db14, batch_id, "finished", timeout_s=150)
     jobs = JobStore(db14)
     assert jobs.status(job_id).value == "succeeded"
@@ -227,3 +227,47 @@ def test_embedded_batch_waits_and_writes_every_item_in_input_order(
     summary = json.loads(done.stderr.strip().splitlines()[-1])
     assert summary["state"] == "finished" and summary["done"] == 3
     assert summary["stats"]["tokens_embedded"] > 0 and summary["stats"]["cost_usd"] > 0
+
+
+def test_batch_items_wanting_the_same_pages_download_each_once(
+    test_web: LoopbackWeb, tmp_path: Path
+) -> None:
+    env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"),
+                    WEBCTX_BATCH__CONCURRENCY="4", WEBCTX_WORKER_CONCURRENCY="8")  # fmt: skip
+    questions = _write(tmp_path / "q.jsonl", [QUESTIONS[0]] * 4)  # four items at once
+    before = test_web.hits.copy()
+    done = run_cli(env, "batch", "submit", str(questions), "--name", "same", "--max-sources", "4",
+                   "--wait", "--out", str(tmp_path / "out.jsonl"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stderr.strip().splitlines()[-1])
+    assert summary["done"] == 4
+    pages = {path: n for path, n in (test_web.hits - before).items() if path != "/robots.txt"}
+    assert pages and max(pages.values()) == 1, pages
+    assert summary["stats"]["pages_downloaded"] == len(pages)
+    assert summary["stats"]["pages_reused"] == 4 * 4 - len(pages)
+
+
+def test_a_page_past_the_cache_window_is_revalidated_with_a_conditional_get(
+    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+) -> None:
+    env = _env(test_web, tmp_path, WEBCTX_PAGE_CACHE_TTL_S="2")
+    start_worker(env, "-c", "4")
+    questions = _write(tmp_path / "q.jsonl", QUESTIONS[:2])
+    first = run_cli(env, "batch", "submit", str(questions), "--name", "r1", "--max-sources", "3",
+                    "--wait", "--out", str(tmp_path / "r1.jsonl"))  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    downloaded = json.loads(first.stderr.strip().splitlines()[-1])["stats"]["pages_downloaded"]
+    assert downloaded > 0
+    time.sleep(2.5)  # every page is now past its window
+    revalidated_before = sum(test_web.not_modified.values())
+    second = run_cli(env, "batch", "submit", str(questions), "--name", "r2", "--max-sources", "3",
+                     "--wait", "--out", str(tmp_path / "r2.jsonl"))  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    stats = json.loads(second.stderr.strip().splitlines()[-1])["stats"]
+    assert stats["pages_downloaded"] == 0, stats
+    assert stats["pages_revalidated"] == downloaded
+    assert sum(test_web.not_modified.values()) - revalidated_before == downloaded
+    bundles = [
+        json.loads(line)["bundle"] for line in (tmp_path / "r2.jsonl").read_text().splitlines()
+    ]
+    assert all(b["chunks"] for b in bundles)

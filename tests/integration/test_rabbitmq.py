@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,16 +17,18 @@ from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
 
 AMQP_URL = os.environ.get("WEBCTX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-QUEUES = ("search", "fetch", "embed", "rank")
+QUEUES = ("search", "fetch", "embed", "rank", "index")
 QUESTION = "how do lithium-ion batteries degrade?"
 
 
-def _purge() -> None:
+def _delete_queues() -> None:
+    """Delete webctx's queues: gone with their messages, and declared anew (with the
+    arguments of this version, x-max-priority) by the next worker."""
     with Connection(AMQP_URL, connect_timeout=5) as conn:
         for queue in QUEUES:
             channel = conn.channel()
             try:
-                channel.queue_purge(queue)
+                channel.queue_delete(queue)
             except conn.channel_errors:
                 pass  # not declared yet
             finally:
@@ -33,13 +37,13 @@ def _purge() -> None:
 
 @pytest.fixture
 def rabbitmq() -> Iterator[str]:
-    """The machine's RabbitMQ, with webctx's queues purged before and after the test."""
+    """The machine's RabbitMQ, with webctx's queues deleted before and after the test."""
     try:
-        _purge()
+        _delete_queues()
     except OSError as exc:
         pytest.fail(f"no RabbitMQ at {AMQP_URL}: {exc}")
     yield AMQP_URL
-    _purge()  # the held deadline watchdog went back to its queue when the worker stopped
+    _delete_queues()  # the held deadline watchdog went back to its queue at worker stop
 
 
 def test_job_runs_through_rabbitmq_with_job_state_in_redis(
@@ -68,3 +72,39 @@ def test_rabbitmq_broker_without_a_redis_job_store_is_refused(rabbitmq: str) -> 
     done = run_cli(env, "research", QUESTION, timeout_s=60)
     assert done.returncode == 1
     assert "WEBCTX_REDIS_URL" in done.stderr
+
+
+def test_interactive_job_goes_ahead_of_queued_batch_items_on_rabbitmq(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, rabbitmq: str, start_worker
+) -> None:
+    """Six batch items queued, then a research job, then one worker thread starts: the
+    research job finishes before most of the items (AMQP serves higher priorities first)."""
+    env = clean_env(**test_web.env(), CELERY_BROKER_URL=rabbitmq, WEBCTX_REDIS_URL=redis_url(),
+                    WEBCTX_QDRANT_PATH=str(tmp_path / "q"), WEBCTX_BATCH__CONCURRENCY="6",
+                    WEBCTX_BATCH__TICK_S="1")  # fmt: skip
+    topics = ["SEI layer growth", "lithium plating cold charging", "calendar vs cycle ageing",
+              "particle cracking layered oxide cathodes", "electrolyte decomposition gassing",
+              "LFP versus NMC ageing"]  # fmt: skip
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q-{i}", "question": q}) + "\n"
+                                 for i, q in enumerate(topics)))  # fmt: skip
+    submitted = run_cli(env, "batch", "submit", str(questions), "--name", "f", "--max-sources", "2")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    batch_id = submitted.stdout.strip()
+    research = run_cli(env, "research", "second-life EV packs in stationary storage",
+                       "--max-sources", "2", "--no-wait")  # fmt: skip
+    assert research.returncode == 0, research.stderr[-3000:]
+    job_id = research.stdout.strip()
+    start_worker(env, "-c", "1")
+    items = [f"{batch_id}-{i}" for i in range(len(topics))]
+    deadline = time.monotonic() + 150
+    finished: dict[str, float] = {}
+    while time.monotonic() < deadline and len(finished) < len(items) + 1:
+        for job in [job_id, *items]:
+            at = redis_client.hget(f"webctx:job:{job}:meta", "finished_at")
+            if at:
+                finished[job] = float(at)
+        time.sleep(0.3)
+    assert job_id in finished and len(finished) == len(items) + 1, finished
+    after = [j for j, at in finished.items() if j != job_id and at > finished[job_id]]
+    assert len(after) >= 4, finished

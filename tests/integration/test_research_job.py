@@ -13,7 +13,7 @@ import redis
 from tests.conftest import clean_env, redis_url, run_cli
 from tests.testweb import HOSTILE, TRAP_QUESTION, LoopbackWeb
 from webctx.adapters.edge_store import EdgeVectorStore
-from webctx.models import Bundle, Download
+from webctx.models import Bundle, BundleStats, Download
 from webctx.stages.fetch import extract_page
 
 QUESTION = "how do lithium-ion batteries degrade?"
@@ -177,20 +177,28 @@ def test_status_reports_progress_counts_in_broker_mode(
 def test_second_run_of_a_job_embeds_nothing_in_broker_mode(
     test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
-    env = clean_env(
-        **test_web.env(), CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q")
-    )
-    start_worker(env)
-    runs = []
-    for _ in range(2):
-        done = run_cli(env, "research", QUESTION, "--max-sources", "8")
+    env = clean_env(**test_web.env(), CELERY_BROKER_URL=redis_url())
+
+    def research(store: str) -> BundleStats:
+        done = run_cli({**env, "WEBCTX_QDRANT_PATH": str(tmp_path / store)}, "research",
+                       QUESTION, "--max-sources", "8")  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
-        runs.append(Bundle.model_validate_json(done.stdout).stats)
-    first, second = runs
+        return Bundle.model_validate_json(done.stdout).stats
+
+    worker = start_worker({**env, "WEBCTX_QDRANT_PATH": str(tmp_path / "a")})
+    first = research("a")
+    worker.stop()
+    start_worker({**env, "WEBCTX_QDRANT_PATH": str(tmp_path / "b")})
+    # Another store: every chunk is stored again, its vector from the embedding cache.
+    second = research("b")
     assert first.tokens_embedded > 0
     assert second.tokens_embedded == 0 and second.embed_requests == 0
     assert second.cache_hits == first.chunks + 1  # every chunk and the question
     assert second.tokens_saved == first.tokens_embedded
+    # The same store: the pages are known to be stored, so nothing is chunked or looked up.
+    third = research("b")
+    assert third.chunks == first.chunks and third.cache_hits == 1
+    assert third.tokens_embedded == 0 and third.embed_requests == 0
 
 
 def test_rerunning_embed_of_a_page_adds_no_point(test_web: LoopbackWeb, tmp_path: Path) -> None:

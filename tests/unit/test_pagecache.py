@@ -9,7 +9,15 @@ import redis
 
 from tests.factories import make_page
 from webctx.models import Page, SearchResult
-from webctx.pagecache import PageCache, SearchCache
+from webctx.pagecache import (
+    FAILURE_TTL_S,
+    REVALIDATE_WINDOWS,
+    IndexedPages,
+    PageCache,
+    RememberedFailure,
+    SearchCache,
+    StaleEntry,
+)
 
 
 def _client() -> redis.Redis:
@@ -51,3 +59,63 @@ def test_search_results_are_reused_per_provider_limit_and_query() -> None:
     assert SearchCache(client, ttl_s=60, provider="ddgs").get("battery ageing", limit=10) is None
     cache.put("nothing found", [], limit=10)  # an empty answer may be an outage: not kept
     assert cache.get("nothing found", limit=10) is None
+
+
+def test_one_caller_claims_a_download_and_the_others_wait_for_its_end() -> None:
+    client = _client()
+    first, second = PageCache(client, ttl_s=3600), PageCache(client, ttl_s=3600)
+    assert first.claim_download("https://example.org/a", hold_s=30)
+    assert not second.claim_download("https://EXAMPLE.org/a#x", hold_s=30)
+    assert second.claim_download("https://example.org/b", hold_s=30)
+    assert not second.wait_download("https://example.org/a", timeout_s=0.2, poll_s=0.05)
+    first.release_download("https://example.org/a")
+    assert second.wait_download("https://example.org/a", timeout_s=0.2, poll_s=0.05)
+    assert second.claim_download("https://example.org/a", hold_s=30)
+
+
+def test_a_claim_expires_so_a_dead_downloader_does_not_block_the_url() -> None:
+    cache = PageCache(_client(), ttl_s=3600)
+    assert cache.claim_download("https://example.org/a", hold_s=0.05)
+    assert cache.wait_download("https://example.org/a", timeout_s=2, poll_s=0.02)
+    assert cache.claim_download("https://example.org/a", hold_s=30)
+
+
+def test_a_failed_download_is_remembered_until_the_page_is_fetched() -> None:
+    cache = PageCache(_client(), ttl_s=3600)
+    url = "https://example.org/gone"
+    cache.remember_failure(url, RememberedFailure("fetch", "http_status", "HTTP 404"))
+    assert cache.failure(url) == RememberedFailure("fetch", "http_status", "HTTP 404")
+    assert 0 < cache.r.ttl(cache._failure_key(url)) <= FAILURE_TTL_S
+    page = make_page(url=url, fetched_at=datetime.now(UTC))
+    cache.remember(url, page)
+    assert cache.failure(url) is None and cache.fresh_sha(url) == page.content_sha256
+    cache.remember_failure(url, RememberedFailure("fetch", "timeout", "slow"))
+    assert cache.failure(url) is None  # a fresh page wins over a later failure
+
+
+def test_indexed_pages_are_known_per_store_model_and_chunking_until_forgotten() -> None:
+    client = _client()
+    here = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
+    other_model = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m2", "64/0"))
+    other_chunks = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "256/32"))
+    here.mark("sha-a", 12)
+    assert here.chunks("sha-a") == 12 and here.chunks("sha-b") is None
+    assert other_model.chunks("sha-a") is None and other_chunks.chunks("sha-a") is None
+    other_model.mark("sha-a", 12)
+    here.forget(["sha-a"])
+    assert here.chunks("sha-a") is None and other_model.chunks("sha-a") is None
+    off = IndexedPages(client, ttl_s=0, scope=("/q",))
+    off.mark("sha-c", 1)
+    assert off.chunks("sha-c") is None
+
+
+def test_a_page_past_its_window_is_stale_with_its_validators_until_it_expires() -> None:
+    cache = PageCache(_client(), ttl_s=1)
+    page = make_page(url="https://example.org/a", fetched_at=datetime.now(UTC), etag='"v1"')
+    cache.remember(page.url, page)
+    assert cache.stale(page.url) == StaleEntry(page.content_sha256, '"v1"', None)
+    assert cache.r.ttl(cache._key(page.url)) == REVALIDATE_WINDOWS
+    assert cache.fresh_sha(page.url, now=page.fetched_at.timestamp() + 2) is None
+    bare = make_page(url="https://example.org/b", fetched_at=datetime.now(UTC))
+    cache.remember(bare.url, bare)
+    assert cache.stale(bare.url) is None  # nothing to revalidate with

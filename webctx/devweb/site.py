@@ -1,12 +1,15 @@
 """A configurable loopback web site (Starlette) for fetch tests and demos.
 
 Pages can be slow, trickle their body (slowloris), stream gigabytes without holding
-them, redirect, or be gzip bombs. Every request path is counted in `hits`.
+them, redirect, or be gzip bombs. Every request path is counted in `hits`. Plain pages carry
+an ETag (a hash of the body) and answer a matching If-None-Match with 304, counted in
+`not_modified` too.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -64,10 +67,13 @@ def make_site_app(
     *,
     hits: collections.Counter[str] | None = None,
     sent: collections.Counter[str] | None = None,
+    not_modified: collections.Counter[str] | None = None,
 ) -> Starlette:
-    """An app serving `pages` by path (404 otherwise), counting requests and body bytes sent."""
+    """An app serving `pages` by path (404 otherwise), counting requests, body bytes sent
+    and 304 answers."""
     hits = collections.Counter() if hits is None else hits
     sent = collections.Counter() if sent is None else sent
+    not_modified = collections.Counter() if not_modified is None else not_modified
 
     async def endpoint(request: Request) -> Response:
         path = request.url.path
@@ -77,9 +83,24 @@ def make_site_app(
             return Response(b"not found", status_code=404, media_type="text/plain")
         if page.delay_s:
             await _sleep_unless_disconnected(request, page.delay_s)
-        return _respond(page, path, sent)
+        tag = _etag(page)
+        if tag is not None and tag in request.headers.get("if-none-match", ""):
+            not_modified[path] += 1
+            return Response(b"", status_code=304, headers={"ETag": tag})
+        response = _respond(page, path, sent)
+        if tag is not None:
+            response.headers["ETag"] = tag
+        return response
 
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "HEAD"])])
+
+
+def _etag(page: SitePage) -> str | None:
+    """The ETag of a plain 200 page (a hash of its body), or None."""
+    plain = page.status == 200 and page.redirect_to is None and page.stream_bytes is None
+    if not plain or page.trickle_s is not None or "ETag" in page.headers:
+        return None
+    return '"' + hashlib.sha256(page.body_bytes()).hexdigest()[:16] + '"'
 
 
 def _respond(page: SitePage, path: str, sent: collections.Counter[str]) -> Response:
