@@ -15,7 +15,10 @@ Broker mode uses the machine's Redis (db 14, or $WEBCTX_BENCH_REDIS_URL), flushe
 each run, so every run starts with cold caches. "N workers" is N `webctx worker -Q
 search,fetch` processes plus one `-Q embed,rank` process: the embedded Qdrant engine
 admits one process per path (with a Qdrant server the embed side scales the same way).
-Each batch may keep 8 items per search/fetch process in flight.
+Each batch may keep THREADS items per search/fetch process in flight, THREADS being every
+worker's -c (8, or $WEBCTX_BENCH_THREADS). CPU seconds per question are read from /proc
+for each role, and for this process (the loopback web), so a run on a machine too small
+for the work shows where the CPU went.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import collections
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -48,7 +52,8 @@ from webctx.devweb.site import SitePage, make_site_app  # noqa: E402
 REDIS_URL = os.environ.get("WEBCTX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 MODEL = "hash-embedding"
 EMBED_LATENCY_S = 0.2
-THREADS = 8
+SEED = 0
+THREADS = int(os.environ.get("WEBCTX_BENCH_THREADS", "8"))
 
 
 @dataclass
@@ -93,6 +98,9 @@ def start_web() -> tuple[Web, list[Question]]:
     if loaded is None:
         raise SystemExit(f"no QA data under {data_dir() / 'qa'} (set WEBCTX_BENCH_DATA)")
     docs, questions = loaded
+    # queries.jsonl lists a page's questions together; a batch is a seeded sample, and the
+    # 50/100/200-question batches are prefixes of the same order.
+    random.Random(SEED).shuffle(questions)
     hits: collections.Counter[str] = collections.Counter()
     pages = {d.url_path: SitePage(body=render_html(d), delay_s=_delay(d.url_path)) for d in docs}
     site = LoopbackServer(make_site_app(pages, hits=hits)).start()
@@ -162,8 +170,8 @@ class Workers:
                 raise SystemExit(f"workers did not start: {tails}")
             time.sleep(0.3)
 
-    def rss_mb(self) -> list[float]:
-        """Resident memory of each worker process."""
+    def rss_mb(self) -> dict[str, float]:
+        """Resident memory by role: the largest search/fetch process, the embed/rank one."""
         out = []
         for proc in self.procs:
             status = Path(f"/proc/{proc.pid}/status").read_text()
@@ -171,7 +179,16 @@ class Workers:
                 int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")
             )
             out.append(kb / 1024)
-        return out
+        return {"io": max(out[:-1]), "vec": out[-1]}
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds (user + system) so far by role: all search/fetch processes, embed/rank."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        out = []
+        for proc in self.procs:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / ticks)
+        return {"io": sum(out[:-1]), "vec": out[-1]}
 
     def stop(self) -> None:
         """Warm shutdown of every process."""
@@ -196,6 +213,7 @@ class Run:
     downloads: int
     done: int
     failed: int
+    cpu_s: dict[str, float] | None = None
 
     @property
     def per_min(self) -> float:
@@ -251,6 +269,7 @@ def broker_run(
         if probe:
             extra["idle_s"] = _interactive(env, questions[-1].question)
         before = web.downloads()
+        cpu_before, web_cpu_before = procs.cpu_s(), time.process_time()
         file = _questions_file(questions, n, run_dir / "q.jsonl")
         submitted = _cli(env, "batch", "submit", str(file), "--name", f"b{n}-{workers}")
         if submitted.returncode != 0:
@@ -260,8 +279,10 @@ def broker_run(
         while True:
             status = _status(client, batch_id)
             ended = int(status["done"]) + int(status["failed"])  # type: ignore[call-overload]
-            if probe and ended >= 10 and "rss10_mb" not in extra:
-                extra["rss10_mb"] = max(procs.rss_mb())
+            if probe and ended >= 10 and "rss10_io_mb" not in extra:
+                extra.update({f"rss10_{k}_mb": v for k, v in procs.rss_mb().items()})
+            if probe and ended >= n // 2 and "rss_mid_io_mb" not in extra:
+                extra.update({f"rss_mid_{k}_mb": v for k, v in procs.rss_mb().items()})
             if not probed and ended >= n // 4:
                 extra["loaded_s"] = _interactive(env, questions[-2].question)
                 probed = True
@@ -269,7 +290,9 @@ def broker_run(
                 break
             time.sleep(0.5)
         if probe:
-            extra["rss_end_mb"] = max(procs.rss_mb())
+            extra.update({f"rss_end_{k}_mb": v for k, v in procs.rss_mb().items()})
+        cpu = {k: v - cpu_before[k] for k, v in procs.cpu_s().items()}
+        cpu["web"] = time.process_time() - web_cpu_before  # the loopback servers (this process)
         run = Run(
             label=f"broker, {workers} worker{'s' if workers > 1 else ''}",
             n=n,
@@ -279,6 +302,7 @@ def broker_run(
             downloads=web.downloads() - before,
             done=int(status["done"]),  # type: ignore[call-overload]
             failed=int(status["failed"]),  # type: ignore[call-overload]
+            cpu_s=cpu,
         )
     finally:
         procs.stop()
@@ -323,15 +347,21 @@ def embedded_run(web: Web, questions: list[Question], n: int, tmp: Path) -> Run:
 def _throughput_table(runs: list[Run]) -> str:
     rows = [
         "| mode | questions | done | failed | wall s | questions/min | p50 item s | "
-        "p95 item s | pages downloaded | tokens embedded |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "p95 item s | pages downloaded | tokens embedded | CPU s / question "
+        "(search+fetch, embed+rank, web) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
+        cpu = (
+            " / ".join(f"{r.cpu_s[k] / r.n:.2f}" for k in ("io", "vec", "web"))
+            if r.cpu_s
+            else "n/a"
+        )
         rows.append(
             f"| {r.label} | {r.n} | {r.done} | {r.failed} | {r.elapsed_s:.1f} | "
             f"{r.per_min:.1f} | {_pct(r.latencies, 0.5):.1f} | "
             f"{_pct(r.latencies, 0.95):.1f} | {r.downloads} | "
-            f"{r.stats['tokens_embedded']} |"
+            f"{r.stats['tokens_embedded']} | {cpu} |"
         )
     return "\n".join(rows)
 
@@ -350,6 +380,17 @@ def _cost_table(runs: list[Run]) -> str:
             f"{s['embed_cache_hit_rate']} | {float(s['cost_usd']) / r.n:.6f} |"
         )  # type: ignore[arg-type]
     return "\n".join(rows)
+
+
+def _rss_line(probe: dict[str, float], n: int) -> str:
+    parts = []
+    for role, name in (("io", "largest search/fetch process"), ("vec", "embed/rank process")):
+        early, late = probe.get(f"rss10_{role}_mb", 0.0), probe.get(f"rss_end_{role}_mb", 0.0)
+        growth = 100 * (late / early - 1) if early else 0.0
+        parts.append(
+            f"{name} {early:.0f} MB at item 10, {late:.0f} MB at item {n} ({growth:+.0f} %)"
+        )
+    return "Worker RSS: " + "; ".join(parts) + " (target ≤ +10 %)."
 
 
 def main() -> None:
@@ -393,7 +434,8 @@ def main() -> None:
     text = "\n".join(
         [
             f"QA web of `../shared/data/qa` (pages delayed 0.2–1 s, embeddings 0.2 s per request, "
-            f"lexical vectors), questions from queries.jsonl; cold caches per run (Redis flushed). "
+            f"lexical vectors), questions from queries.jsonl in a seeded order (seed {SEED}), each "
+            f"batch a prefix of it; cold caches per run (Redis flushed). "
             f"N workers = N search/fetch processes + 1 embed/rank process, {THREADS} threads each; "
             f"a batch keeps {THREADS} items per search/fetch process in flight. Whole run: "
             f"{total_s / 60:.1f} min."
@@ -420,10 +462,7 @@ def main() -> None:
             f"{n}-question batch runs on {max(counts)} workers {loaded:.1f} s "
             f"({loaded / max(idle, 0.01):.2f}×, target ≤ 1.5×).",
             "",
-            f"Largest worker RSS: {probe.get('rss10_mb', 0):.0f} MB at item 10, "
-            f"{probe.get('rss_end_mb', 0):.0f} MB at item {n} "
-            f"({100 * (probe.get('rss_end_mb', 0) / max(probe.get('rss10_mb', 1), 1) - 1):+.0f} %, "
-            f"target ≤ +10 %).",
+            _rss_line(probe, n),
             "",
             f"Rates: {json.dumps({k: round(v, 1) for k, v in rate.items()})}",
         ]
