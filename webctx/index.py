@@ -1,37 +1,43 @@
 """The persistent index: per tenant, each URL's current content hash, re-indexed on schedule.
 
-Points are content-addressed (UUIDv5 of content hash, offsets, model) and every search
-filters the store by a set of content hashes, so the index is a pointer per URL:
+Pointers (`webctx.pointers`) map each URL of a tenant to a content hash; points are
+content-addressed (UUIDv5 of content hash, offsets, model) and carry per-tenant live
+marks (`webctx.generations`). A changed page is embedded and upserted under its NEW hash
+first, unmarked; then one commit marks it live (and the old hash not) for the next
+generation and publishes that generation with the pointer switch in one MULTI. A search
+reads the published generation once and filters the store by it: each page whole, old or
+new, never empty and never mixed, without listing the tenant's pages. The old hash's
+points are deleted `grace_s` later, and only if nothing points at them any more.
 
-    webctx:index:<tenant>:pages   hash  url -> IndexedPage JSON (hash, validators, misses)
-    webctx:index:refs:<sha>       set   "<tenant> <url>" entries pointing at that hash
-    webctx:index:page:<sha>       str   the Page (text and metadata), while referenced
-    webctx:index:graveyard        zset  sha -> when its points may be deleted
-
-A changed page is embedded and upserted under its NEW hash first; then one MULTI switches
-the URL's pointer (and its references); the old hash's points are deleted `grace_s`
-later, and only if nothing points at them any more. Index search reads the pointers once
-(one HGETALL) and queries with that hash set, so it sees each page whole, old or new,
-never empty and never mixed. A search slower than `grace_s` could still miss a page.
+A run reads its pages' records in one HMGET per 500 URLs and writes back the records of
+unchanged pages (304s: new fetch time) in one compare-and-set script per 500.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal
 
-import redis
 from pydantic import BaseModel
 
 from webctx.embed_cache import RedisEmbeddingCache
 from webctx.errors import FetchError, HTTPStatusError
-from webctx.models import Page, ScoredChunk
-from webctx.ports import ConditionalFetcher, Embedder, IndexStore
+from webctx.models import Download, Page, ScoredChunk
+from webctx.pagecache import IndexedPages
+from webctx.pointers import IndexedPage, PageIndex, Seen
+from webctx.ports import (
+    BatchFetcher,
+    ConditionalFetcher,
+    Embedder,
+    LiveIndexStore,
+    Revalidation,
+)
 from webctx.ratelimit import RedisRateLimiter
 from webctx.research import index_page
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
@@ -42,157 +48,10 @@ from webctx.stages.embed import embed_texts
 from webctx.stages.fetch import extract_page
 from webctx.stages.store import make_points
 
+__all__ = ["IndexContext", "IndexHit", "IndexedPage", "PageIndex", "RefreshReport",
+           "hashes_of", "refresh_source", "remove_source", "search_index", "sweep"]  # fmt: skip
+
 logger = logging.getLogger(__name__)
-
-_PREFIX = "webctx:index"
-
-
-class IndexedPage(BaseModel):
-    """What the index knows of one URL of a tenant."""
-
-    url: str
-    source_id: str
-    content_sha256: str
-    model: str
-    etag: str | None = None
-    last_modified: str | None = None
-    fetched_at: float
-    """When the body was last confirmed current (200 with the same text, or 304)."""
-    changed_at: float
-    misses: int = 0
-    chunks: int = 0
-    title: str = ""
-    site: str = ""
-    published: str | None = None
-
-
-class PageIndex:
-    """The URL -> current content hash pointers of every tenant, in Redis."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.r = client
-
-    def _pages(self, tenant: str) -> str:
-        return f"{_PREFIX}:{tenant}:pages"
-
-    @staticmethod
-    def _refs(sha: str) -> str:
-        return f"{_PREFIX}:refs:{sha}"
-
-    @staticmethod
-    def _page(sha: str) -> str:
-        return f"{_PREFIX}:page:{sha}"
-
-    def get(self, tenant: str, url: str) -> IndexedPage | None:
-        """The current record of one URL."""
-        raw = self.r.hget(self._pages(tenant), url)
-        return IndexedPage.model_validate_json(cast(str, raw)) if raw else None
-
-    def pages(self, tenant: str) -> dict[str, IndexedPage]:
-        """url -> record of every indexed page of the tenant, read at one instant."""
-        raw = cast(dict[str, str], self.r.hgetall(self._pages(tenant)))
-        return {url: IndexedPage.model_validate_json(v) for url, v in raw.items()}
-
-    def stored_page(self, sha: str) -> Page | None:
-        """The stored Page of a content hash, while some URL points at it."""
-        raw = self.r.get(self._page(sha))
-        return Page.model_validate_json(cast(str, raw)) if raw else None
-
-    def touch(self, tenant: str, record: IndexedPage) -> None:
-        """Rewrite a record whose content hash did not change (validators, times, misses)."""
-        self.r.hset(self._pages(tenant), record.url, record.model_dump_json())
-
-    def revive(self, sha: str) -> None:
-        """A hash about to be pointed at again must not be swept meanwhile."""
-        self.r.zrem(f"{_PREFIX}:graveyard", sha)
-
-    def switch(
-        self, tenant: str, record: IndexedPage, page: Page, *, old_sha: str | None, grace_s: float
-    ) -> None:
-        """Point the URL at `record.content_sha256` in one transaction (points stored first)."""
-        member = f"{tenant} {record.url}"
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self._page(record.content_sha256), page.model_dump_json())
-        pipe.sadd(self._refs(record.content_sha256), member)
-        pipe.hset(self._pages(tenant), record.url, record.model_dump_json())
-        if old_sha and old_sha != record.content_sha256:
-            pipe.srem(self._refs(old_sha), member)
-            pipe.zadd(f"{_PREFIX}:graveyard", {old_sha: time.time() + grace_s})
-        pipe.execute()
-
-    def drop(self, tenant: str, url: str, *, grace_s: float) -> IndexedPage | None:
-        """Remove a URL from the index; its points go after the grace period."""
-        record = self.get(tenant, url)
-        if record is None:
-            return None
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hdel(self._pages(tenant), url)
-        pipe.srem(self._refs(record.content_sha256), f"{tenant} {url}")
-        pipe.zadd(f"{_PREFIX}:graveyard", {record.content_sha256: time.time() + grace_s})
-        pipe.execute()
-        return record
-
-    def drop_source(self, tenant: str, source_id: str, *, grace_s: float) -> int:
-        """Remove every page a source brought in; returns how many."""
-        urls = [u for u, rec in self.pages(tenant).items() if rec.source_id == source_id]
-        return sum(1 for url in urls if self.drop(tenant, url, grace_s=grace_s))
-
-    def sweepable(self, *, now: float | None = None) -> list[str]:
-        """Hashes past their grace period that nothing points at; taken off the graveyard."""
-        now = time.time() if now is None else now
-        due = cast(list[str], self.r.zrangebyscore(f"{_PREFIX}:graveyard", "-inf", now))
-        taken: list[str] = []
-        for sha in due:
-            with self.r.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(self._refs(sha))  # type: ignore[no-untyped-call]
-                    referenced = bool(pipe.scard(self._refs(sha)))
-                    pipe.multi()
-                    pipe.zrem(f"{_PREFIX}:graveyard", sha)
-                    if not referenced:
-                        pipe.delete(self._page(sha))
-                    removed = pipe.execute()[0]
-                except redis.WatchError:
-                    continue  # pointed at again meanwhile: keep it
-            if removed and not referenced:
-                taken.append(sha)  # this sweeper took it off, not a concurrent one
-        return taken
-
-    def current(
-        self,
-        tenant: str,
-        *,
-        site: str | None = None,
-        source_id: str | None = None,
-        published_from: str | None = None,
-        published_to: str | None = None,
-    ) -> dict[str, IndexedPage]:
-        """content_sha256 -> record of the tenant's current pages matching the filters."""
-        out: dict[str, IndexedPage] = {}
-        for record in self.pages(tenant).values():
-            if site and record.site.lower() != site.lower():
-                continue
-            if source_id and record.source_id != source_id:
-                continue
-            if (published_from or published_to) and not record.published:
-                continue
-            published = record.published or ""
-            if published_from and published < published_from:
-                continue
-            if published_to and published[: len(published_to)] > published_to:
-                continue
-            out.setdefault(record.content_sha256, record)
-        return out
-
-    def fresh_page(
-        self, tenant: str, url: str, *, max_age_s: float, model: str, now: float | None = None
-    ) -> Page | None:
-        """The indexed page of `url` if confirmed current within `max_age_s` (same model)."""
-        record = self.get(tenant, url)
-        now = time.time() if now is None else now
-        if record is None or record.model != model or now - record.fetched_at > max_age_s:
-            return None
-        return self.stored_page(record.content_sha256)
 
 
 def hashes_of(records: Iterable[IndexedPage]) -> list[str]:
@@ -212,7 +71,7 @@ class IndexContext:
     index: PageIndex
     fetcher: ConditionalFetcher
     embedder: Embedder
-    store: IndexStore
+    store: LiveIndexStore
     chunking: ChunkSettings
     embedding: EmbedSettings
     settings: IndexSettings
@@ -244,6 +103,17 @@ class RefreshReport:
                 "error": self.error}  # fmt: skip
 
 
+@dataclass
+class UrlResult:
+    """What re-indexing one URL did; `touch` is a record to write back (CAS, batched)."""
+
+    outcome: Outcome
+    fetched: int = 0
+    chunks: int = 0
+    requests: int = 0
+    touch: tuple[str, IndexedPage] | None = None
+
+
 def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
     """Re-index every page of a source: conditional GET, embed only what changed, swap."""
     started = time.monotonic()
@@ -255,56 +125,121 @@ def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
         report.seconds = time.monotonic() - started
         return report  # the pages stay as they are: a flaky sitemap removes nothing
     report.discovered = len(found.urls)
-    with ThreadPoolExecutor(max(1, ctx.settings.concurrency)) as pool:
-        results = list(pool.map(lambda url: reindex_url(source, url, ctx), found.urls))
-    for outcome, fetched, chunks, requests in results:
-        report.outcomes[outcome] += 1
-        report.fetched += fetched
-        report.chunks_embedded += chunks
-        report.embed_requests += requests
+    results = _reindex_urls(source, found.urls, ctx)
+    ctx.index.touch_many(source.tenant, [r.touch for r in results if r.touch])
+    for result in results:
+        report.outcomes[result.outcome] += 1
+        report.fetched += result.fetched
+        report.chunks_embedded += result.chunks
+        report.embed_requests += result.requests
     if found.complete:  # dropped from its sitemap: removed
-        listed = set(found.urls)
-        for url, record in ctx.index.pages(source.tenant).items():
-            if record.source_id == source.source_id and url not in listed:
-                if ctx.index.drop(source.tenant, url, grace_s=ctx.settings.grace_s):
-                    report.outcomes["removed"] += 1
+        report.outcomes["removed"] += _drop_unlisted(source, set(found.urls), ctx)
     report.swept = sweep(ctx)
     report.seconds = time.monotonic() - started
     logger.info("source re-indexed", extra={"tenant": source.tenant, **report.as_dict()})
     return report
 
 
-def reindex_url(source: Source, url: str, ctx: IndexContext) -> tuple[Outcome, int, int, int]:
-    """Re-index one URL: (outcome, 200 responses, chunks embedded, embed requests)."""
-    tenant, index, now = source.tenant, ctx.index, time.time()
-    prev = index.get(tenant, url)
-    try:
-        download = ctx.fetcher.fetch(
-            url,
-            etag=prev.etag if prev else None,
-            last_modified=prev.last_modified if prev else None,
-        )
-    except HTTPStatusError as exc:
-        if exc.status not in GONE_STATUSES or prev is None:
-            return "failed", 0, 0, 0
+def _reindex_urls(source: Source, urls: list[str], ctx: IndexContext) -> list[UrlResult]:
+    """Revalidate every URL; settle 304s and errors here, index changed pages in a pool."""
+    seen = ctx.index.seen(source.tenant, urls)
+    requests = [_revalidation(url, seen.get(url)) for url in urls]
+    workers = max(1, ctx.settings.concurrency)
+    results: list[UrlResult] = []
+    with ThreadPoolExecutor(workers) as pool:
+        busy = threading.BoundedSemaphore(2 * workers)  # bodies waiting in the pool, at most
+        changed: list[Future[UrlResult]] = []
+        for i, fetched in _revalidate(ctx.fetcher, requests, window=workers, pool=pool):
+            url = urls[i]
+            settled = settle_url(source, url, fetched, seen.get(url), ctx)
+            if isinstance(settled, UrlResult):
+                results.append(settled)
+                continue
+            busy.acquire()
+            task = pool.submit(index_download, source, url, settled, seen.get(url), ctx)
+            task.add_done_callback(lambda _: busy.release())
+            changed.append(task)
+        results += [task.result() for task in changed]
+    return results
+
+
+def _revalidation(url: str, seen: Seen | None) -> Revalidation:
+    prev = seen[1] if seen else None
+    return Revalidation(url, prev.etag if prev else None, prev.last_modified if prev else None)
+
+
+def _revalidate(
+    fetcher: ConditionalFetcher,
+    requests: list[Revalidation],
+    *,
+    window: int,
+    pool: ThreadPoolExecutor,
+) -> Iterator[tuple[int, Download | FetchError]]:
+    """The fetcher's own batch when it has one, else one pool thread per request."""
+    if isinstance(fetcher, BatchFetcher):
+        yield from fetcher.fetch_many(requests, window=window)
+        return
+
+    def one(i: int) -> tuple[int, Download | FetchError]:
+        req = requests[i]
+        try:
+            return i, fetcher.fetch(req.url, etag=req.etag, last_modified=req.last_modified)
+        except FetchError as exc:
+            return i, exc
+
+    futures = [pool.submit(one, i) for i in range(len(requests))]
+    for future in as_completed(futures):
+        yield future.result()
+
+
+def _drop_unlisted(source: Source, listed: set[str], ctx: IndexContext) -> int:
+    """Remove the source's pages its (complete) sitemap no longer lists."""
+    unlisted = [u for u in ctx.index.urls(source.tenant) if u not in listed]
+    dropped = 0
+    for url, (_, record) in ctx.index.seen(source.tenant, unlisted).items():
+        if record.source_id == source.source_id and ctx.index.drop(
+            source.tenant, url, store=ctx.store, grace_s=ctx.settings.grace_s
+        ):
+            dropped += 1
+    return dropped
+
+
+def settle_url(
+    source: Source, url: str, fetched: Download | FetchError, seen: Seen | None, ctx: IndexContext
+) -> UrlResult | Download:
+    """The outcome of a 304 or a failure (a record to touch, a removal), or the Download
+    of a 200 to index."""
+    raw, prev = seen if seen else ("", None)
+    if isinstance(fetched, HTTPStatusError):
+        if fetched.status not in GONE_STATUSES or prev is None:
+            return UrlResult("failed")
         if prev.misses + 1 >= ctx.settings.gone_after:
-            index.drop(tenant, url, grace_s=ctx.settings.grace_s)
-            return "removed", 0, 0, 0
-        index.touch(tenant, prev.model_copy(update={"misses": prev.misses + 1}))
-        return "missing", 0, 0, 0
-    except FetchError:
-        return "failed", 0, 0, 0
-    if download.status == 304 and prev is not None:
-        index.touch(tenant, prev.model_copy(update={"fetched_at": now, "misses": 0}))
-        return "not_modified", 0, 0, 0
+            ctx.index.drop(source.tenant, url, store=ctx.store, grace_s=ctx.settings.grace_s)
+            return UrlResult("removed")
+        missed = prev.model_copy(update={"misses": prev.misses + 1})
+        return UrlResult("missing", touch=(raw, missed))
+    if isinstance(fetched, FetchError):
+        return UrlResult("failed")
+    if fetched.status == 304 and prev is not None:
+        touched = prev.model_copy(update={"fetched_at": time.time(), "misses": 0})
+        return UrlResult("not_modified", touch=(raw, touched))
+    return fetched
+
+
+def index_download(
+    source: Source, url: str, download: Download, seen: Seen | None, ctx: IndexContext
+) -> UrlResult:
+    """Extract a 200; embed, store and switch to it if its text changed."""
+    raw, prev = seen if seen else ("", None)
+    now = time.time()
     try:
         page = extract_page(download, timeout_s=ctx.extract_timeout_s)
     except FetchError:
-        return "failed", 1, 0, 0
+        return UrlResult("failed", fetched=1)
     if prev is not None and page.content_sha256 == prev.content_sha256:
         validators = {"etag": page.etag, "last_modified": page.last_modified}
-        index.touch(tenant, prev.model_copy(update={**validators, "fetched_at": now, "misses": 0}))
-        return "unchanged", 1, 0, 0
+        touched = prev.model_copy(update={**validators, "fetched_at": now, "misses": 0})
+        return UrlResult("unchanged", fetched=1, touch=(raw, touched))
     chunks, requests = _store_page(page, ctx)
     record = IndexedPage(
         url=url, source_id=source.source_id, content_sha256=page.content_sha256,
@@ -312,9 +247,9 @@ def reindex_url(source: Source, url: str, ctx: IndexContext) -> tuple[Outcome, i
         fetched_at=now, changed_at=now, chunks=chunks, title=page.title, site=page.site,
         published=page.published,
     )  # fmt: skip
-    old = prev.content_sha256 if prev else None
-    index.switch(tenant, record, page, old_sha=old, grace_s=ctx.settings.grace_s)
-    return ("changed" if prev else "added"), 1, chunks, requests
+    old = ctx.index.commit(source.tenant, url, store=ctx.store, record=record, page=page,
+                           grace_s=ctx.settings.grace_s)  # fmt: skip
+    return UrlResult("changed" if old else "added", fetched=1, chunks=chunks, requests=requests)
 
 
 def _store_page(page: Page, ctx: IndexContext) -> tuple[int, int]:
@@ -332,17 +267,37 @@ def _store_page(page: Page, ctx: IndexContext) -> tuple[int, int]:
     return outcome.chunks, outcome.requests
 
 
+OPTIMIZE_AFTER = 20_000
+"""Dense points searched by brute force (not yet in an HNSW graph) that make a run end
+with `optimize()`: the embedded engine never builds its graphs on its own."""
+
+
+def optimize_if_due(store: LiveIndexStore, *, after: int = OPTIMIZE_AFTER) -> bool:
+    """Build the store's HNSW graphs once `after` points wait for one (qdrant-edge only;
+    it blocks the process meanwhile: seconds per 10,000 points, see docs/index.md)."""
+    unindexed = getattr(store, "unindexed", None)
+    if unindexed is None or unindexed() < after:
+        return False
+    started = time.monotonic()
+    built = store.optimize()
+    logger.info("vector store optimized", extra={"seconds": round(time.monotonic() - started, 1)})
+    return built
+
+
 def sweep(ctx: IndexContext) -> int:
     """Delete the points of hashes nothing has pointed at for the grace period."""
     taken = ctx.index.sweepable()
     if taken:
         ctx.store.delete_pages(taken)
+        # Research jobs skip pages known to be stored (webctx.pagecache): not these any more.
+        IndexedPages.forget_in(ctx.index.r, taken)
     return len(taken)
 
 
 def remove_source(source: Source, ctx: IndexContext) -> int:
     """Drop a removed source's pages from the index (points go after the grace period)."""
-    return ctx.index.drop_source(source.tenant, source.source_id, grace_s=ctx.settings.grace_s)
+    return ctx.index.drop_source(source.tenant, source.source_id, store=ctx.store,
+                                 grace_s=ctx.settings.grace_s)  # fmt: skip
 
 
 # -- search ---------------------------------------------------------------------------------
@@ -375,19 +330,20 @@ def search_index(
     published_to: str | None = None,
 ) -> list[IndexHit]:
     """Hybrid search of a tenant's current pages: dense + BM25, fused by RRF."""
-    pages = ctx.index.current(tenant, site=site, source_id=source_id,
-                              published_from=published_from,
-                              published_to=published_to)  # fmt: skip
-    if not pages or limit < 1:
+    if limit < 1:
         return []
-    hashes, pool = list(pages), max(limit * 5, 50)
-    e = ctx.embedding
+    scope = ctx.index.scope(tenant, store=ctx.store, site=site, source_id=source_id,
+                            published_from=published_from,
+                            published_to=published_to)  # fmt: skip
+    if scope is None:
+        return []
+    pool, e = max(limit * 5, 50), ctx.embedding
     vector = embed_texts([query], ctx.embedder, max_inputs=1,
                          max_tokens_per_request=e.max_tokens_per_request,
                          max_input_tokens=e.max_input_tokens,
                          max_attempts=e.max_attempts).vectors[0]  # fmt: skip
-    dense = ctx.store.search(vector, limit=pool, content_sha256s=hashes)
-    sparse = ctx.store.search_sparse(query, limit=pool, content_sha256s=hashes)
+    dense = ctx.store.search_live(vector, limit=pool, scope=scope)
+    sparse = ctx.store.search_live_sparse(query, limit=pool, scope=scope)
     by_key: dict[str, ScoredChunk] = {}
     ranks: list[dict[str, int]] = [{}, {}]
     for side, hits in enumerate((dense, sparse)):
@@ -395,15 +351,17 @@ def search_index(
             key = f"{hit.chunk.content_sha256}:{hit.chunk.start}:{hit.chunk.end}"
             by_key.setdefault(key, hit)
             ranks[side].setdefault(key, rank)
-    fused = rrf([list(ranks[0]), list(ranks[1])])
+    fused = rrf([list(ranks[0]), list(ranks[1])])[:limit]
+    records = ctx.index.records_of(tenant, [by_key[k].chunk.content_sha256 for k, _ in fused])
     out = []
-    for key, score in fused[:limit]:
-        chunk = by_key[key].chunk
-        record = pages[chunk.content_sha256]
+    for key, score in fused:
+        hit = by_key[key]
+        chunk, record = hit.chunk, records[hit.chunk.content_sha256]
         out.append(IndexHit(
-            url=record.url, title=record.title, site=record.site, published=record.published,
-            source_id=record.source_id, content_sha256=chunk.content_sha256, start=chunk.start,
-            end=chunk.end, text=chunk.text, score=round(score, 6),
-            dense_rank=ranks[0].get(key), sparse_rank=ranks[1].get(key),
+            url=record.url or hit.url, title=record.title, site=record.site,
+            published=record.published, source_id=record.source_id,
+            content_sha256=chunk.content_sha256, start=chunk.start, end=chunk.end,
+            text=chunk.text, score=round(score, 6), dense_rank=ranks[0].get(key),
+            sparse_rank=ranks[1].get(key),
         ))  # fmt: skip
     return out

@@ -221,5 +221,10 @@ class IndexedPages:
 
     def forget(self, content_sha256s: Sequence[str]) -> None:
         """Drop what is known of pages whose points were deleted (in every scope)."""
+        self.forget_in(self.r, content_sha256s)
+
+    @classmethod
+    def forget_in(cls, client: redis.Redis, content_sha256s: Sequence[str]) -> None:
+        """`forget` for a caller without a scope (the index's sweep)."""
         if content_sha256s:
-            self.r.delete(*(self._key(sha) for sha in content_sha256s))
+            client.delete(*(cls._key(sha) for sha in content_sha256s))

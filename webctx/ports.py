@@ -6,9 +6,11 @@ see httpx, openai or qdrant_client exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from webctx.errors import FetchError
 from webctx.models import Download, ScoredChunk, SearchResult, StoredChunk
 
 
@@ -89,6 +91,49 @@ class IndexStore(VectorStore, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class IndexScope:
+    """The points an index search may return: one tenant's live pages at one generation.
+
+    A point is live for the tenant at generation g when its `from` mark is <= g and it has
+    no `until` mark <= g (`webctx.generations`). `site` narrows to one site (lower case),
+    `content_sha256s` to some pages (None: every live page)."""
+
+    tenant_key: str
+    generation: int
+    site: str | None = None
+    content_sha256s: Sequence[str] | None = None
+
+
+@runtime_checkable
+class LiveIndexStore(IndexStore, Protocol):
+    """An IndexStore that marks pages live per tenant and generation, and searches by that.
+
+    Marking touches payload only (no vectors), so a swap costs a few updates, and a
+    tenant-wide search is one payload condition instead of a list of every page."""
+
+    def mark_pages(
+        self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
+    ) -> None:
+        """Make `live` pages (hash -> site) visible from `generation`, `dead` ones not."""
+        ...
+
+    def search_live(
+        self, vector: Sequence[float], *, limit: int, scope: IndexScope
+    ) -> list[ScoredChunk]:
+        """Nearest chunks by cosine similarity among the scope's pages, without vectors."""
+        ...
+
+    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
+        """Best BM25 matches among the scope's pages, without vectors."""
+        ...
+
+    def optimize(self) -> bool:
+        """Build the indexes the engine leaves to the caller (qdrant-edge: HNSW); True if
+        anything was built. Blocks, and may take minutes on a large unindexed store."""
+        ...
+
+
 @runtime_checkable
 class ConditionalFetcher(Protocol):
     """A Fetcher that revalidates: a 304 comes back as a Download with status 304, no body."""
@@ -102,4 +147,27 @@ class ConditionalFetcher(Protocol):
         media_types: frozenset[str] | None = None,
     ) -> Download:
         """The body of `url`, or a 304 Download when the validators still match."""
+        ...
+
+
+@dataclass(frozen=True)
+class Revalidation:
+    """One conditional GET of a batch: a URL and the validators of its last fetch."""
+
+    url: str
+    etag: str | None = None
+    last_modified: str | None = None
+
+
+@runtime_checkable
+class BatchFetcher(ConditionalFetcher, Protocol):
+    """A ConditionalFetcher that runs many revalidations itself (one event loop, kept-alive
+    connections), instead of one calling thread per request."""
+
+    def fetch_many(
+        self, requests: Sequence[Revalidation], *, window: int
+    ) -> Iterator[tuple[int, Download | FetchError]]:
+        """(index in `requests`, Download or the FetchError) as each completes. At most
+        `window` requests are in flight or waiting to be taken; stopping early cancels
+        the rest."""
         ...

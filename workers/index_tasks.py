@@ -20,8 +20,16 @@ from typing import Any, cast
 import redis
 
 from webctx.errors import ConfigError
-from webctx.index import IndexContext, IndexHit, PageIndex, refresh_source, search_index, sweep
-from webctx.ports import ConditionalFetcher, IndexStore
+from webctx.index import (
+    IndexContext,
+    IndexHit,
+    PageIndex,
+    optimize_if_due,
+    refresh_source,
+    search_index,
+    sweep,
+)
+from webctx.ports import ConditionalFetcher, LiveIndexStore
 from webctx.settings import Settings
 from webctx.sources import Source, SourceRegistry
 from workers.app import app
@@ -34,7 +42,7 @@ RUN_TTL_S = 24 * 3600
 def index_context(deps: Deps) -> IndexContext:
     """The re-index collaborators of this process's Deps."""
     store, fetcher = deps.store, deps.fetcher
-    if not isinstance(store, IndexStore) or not isinstance(fetcher, ConditionalFetcher):
+    if not isinstance(store, LiveIndexStore) or not isinstance(fetcher, ConditionalFetcher):
         raise ConfigError("the configured vector store or fetcher cannot serve the index")
     return IndexContext(
         index=PageIndex(deps.jobs.r),
@@ -73,8 +81,11 @@ def refresh(tenant: str, source_id: str, run_id: str | None = None) -> str:
     if source is not None:
         if r.set(lock, run_id or "scheduled", nx=True, ex=deps.settings.task_time_limit_s):
             try:
-                report = refresh_source(source, index_context(deps)).as_dict()
+                ctx = index_context(deps)
+                report = refresh_source(source, ctx).as_dict()
                 SourceRegistry(r).record_run(source, report)
+                if report.get("chunks_embedded"):
+                    optimize_if_due(ctx.store)
             finally:
                 r.delete(lock)
         else:
@@ -100,7 +111,8 @@ def search(tenant: str, query: str, limit: int, filters: dict[str, str | None]) 
 def forget(tenant: str, source_id: str) -> int:
     """Drop a removed source's pages, then sweep what nothing points at."""
     ctx = index_context(worker_deps())
-    dropped = ctx.index.drop_source(tenant, source_id, grace_s=ctx.settings.grace_s)
+    dropped = ctx.index.drop_source(tenant, source_id, store=ctx.store,
+                                    grace_s=ctx.settings.grace_s)  # fmt: skip
     sweep(ctx)
     return dropped
 

@@ -1,6 +1,6 @@
 """Scheduled re-indexing end to end: two Celery beat processes, a real worker, a loopback
 site whose pages change between runs (ETag / If-None-Match), an OpenAI-compatible
-embeddings server counting what it embeds, Redis db 15, the embedded vector engine.
+embeddings server counting what it embeds, the test Redis db, the embedded vector engine.
 
 Checks: unchanged pages are answered 304 and never re-embedded; a changed page is swapped
 while a concurrent searcher sees it whole (one version, never absent); pages gone (404) or
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.conftest import ROOT, clean_env, redis_url, run_cli
+from tests.conftest import REDIS_DB, ROOT, clean_env, redis_url, run_cli
 from tests.testweb import MODEL
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.devweb.embeddings import make_embeddings_app
@@ -37,7 +37,7 @@ from webctx.index import PageIndex
 from webctx.sources import SourceRegistry
 
 pytestmark = pytest.mark.slow
-DB = 15
+DB = REDIS_DB
 TENANT = "local"
 EVERY_S = 4
 QUERY = "harbour topic1 section"
@@ -234,9 +234,7 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
         emb.stop()
 
 
-def test_cli_adds_refreshes_searches_and_removes_sources(
-    r: redis.Redis, tmp_path: Path
-) -> None:
+def test_cli_adds_refreshes_searches_and_removes_sources(r: redis.Redis, tmp_path: Path) -> None:
     site = MutableSite()
     site.put("/walrus.html", article("walrus", 1))
     site.put("/otter.html", article("otter", 1))

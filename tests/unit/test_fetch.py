@@ -33,6 +33,7 @@ from webctx.errors import (
 )
 from webctx.models import Download
 from webctx.netguard import AddressPolicy
+from webctx.ports import BatchFetcher, Revalidation
 from webctx.settings import FetchSettings
 from webctx.stages.fetch import extract_page, fetch_page
 
@@ -406,3 +407,31 @@ def test_extract_page_gives_up_after_timeout(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(ExtractionError, match="took over"):
         extract_page(download, timeout_s=0.1)
     assert time.monotonic() - started < 0.5
+
+
+def test_revalidations_reuse_one_kept_alive_connection_and_report_failures() -> None:
+    ports: list[int] = []
+    inner = make_site_app({"/p": SitePage(ARTICLE)})
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("client"):
+            ports.append(scope["client"][1])  # the client's port: one per TCP connection
+        await inner(scope, receive, send)
+
+    fetcher = HttpxFetcher(SETTINGS, policy=LOOPBACK_ONLY, resolver=no_dns)
+    assert isinstance(fetcher, BatchFetcher)
+    try:
+        with LoopbackServer(app) as server:
+            first = fetcher.fetch(f"{server.url}/p")
+            again = Revalidation(f"{server.url}/p", etag=first.etag)
+            requests = [again] * 5 + [Revalidation(f"{server.url}/missing"),
+                                      Revalidation("ftp://127.0.0.1/p")]  # fmt: skip
+            results = dict(fetcher.fetch_many(requests, window=1))
+            assert fetcher.fetch(f"{server.url}/p", etag=first.etag).status == 304
+    finally:
+        fetcher.close()
+    assert [results[i].status for i in range(5)] == [304] * 5  # type: ignore[union-attr]
+    missing, refused = results[5], results[6]
+    assert isinstance(missing, HTTPStatusError) and missing.status == 404
+    assert isinstance(refused, BlockedURL)
+    assert len(ports) == 8 and len(set(ports)) == 1  # every request on the first connection

@@ -1,7 +1,7 @@
 """The index: conditional re-fetch, embed only what changed, atomic swap, removal, hybrid search.
 
 A fake conditional fetcher serves a small site (pages, a sitemap); the real PageIndex runs on
-Redis db 15; the store is the in-memory adapter (the contract tests cover the others).
+the test Redis db; the store is the in-memory adapter (the contract tests cover the others).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.errors import HTTPStatusError
-from webctx.index import IndexContext, PageIndex, refresh_source, search_index
+from webctx.index import IndexContext, PageIndex, refresh_source, search_index, sweep
 from webctx.jobs import JobStore
 from webctx.models import Chunk, Download, StoredChunk
+from webctx.pagecache import IndexedPages
 from webctx.ports import IndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
 from webctx.sources import Source, SourceRegistry
@@ -101,7 +102,7 @@ class CountingEmbedder(HashEmbedder):
 
 @pytest.fixture
 def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url(15), decode_responses=True)
+    client = redis.Redis.from_url(redis_url(), decode_responses=True)
     client.flushdb()
     yield client
     client.flushdb()
@@ -333,7 +334,7 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
     from webctx.tenants import TenantStore
     from workers.deps import Deps, set_deps
 
-    settings = Settings(redis_url=redis_url(15), embedding_provider="hash",
+    settings = Settings(redis_url=redis_url(), embedding_provider="hash",
                         qdrant_path=tmp_path / "q", local_tenant=TENANT)  # fmt: skip
     store = MemoryVectorStore()
     deps = Deps(settings=settings, jobs=JobStore(r), search=None,  # type: ignore[arg-type]
@@ -352,3 +353,18 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
     hits = result.structured_content["hits"]  # type: ignore[index]
     assert hits and hits[0]["url"] == BASE + "/a.html"
     assert "narwhal" in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_sweeping_a_replaced_page_forgets_that_research_jobs_stored_it(
+    r: redis.Redis, site: FakeSite, ctx: IndexContext
+) -> None:
+    site.put("/a.html", article("sweep"))
+    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=60)
+    refresh_source(source, ctx)
+    (old,) = {h.content_sha256 for h in search_index("sweep facts", tenant=TENANT, ctx=ctx)}
+    known = IndexedPages(r, ttl_s=3600, scope=("store", "model", "64/0"))
+    known.mark(old, 3)
+    site.put("/a.html", article("sweep", version=2))
+    refresh_source(source, ctx)
+    sweep(ctx)
+    assert known.chunks(old) is None

@@ -18,7 +18,7 @@ BASE = "https://site.test"
 
 @pytest.fixture
 def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url(15), decode_responses=True)
+    client = redis.Redis.from_url(redis_url(), decode_responses=True)
     client.flushdb()
     yield client
     client.flushdb()

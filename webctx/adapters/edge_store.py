@@ -17,14 +17,16 @@ import fcntl
 import functools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
 import qdrant_edge as qe
 
 from webctx.errors import ConfigError, ProviderError
+from webctx.generations import SITE_KEY, from_key, until_key
 from webctx.models import ScoredChunk, StoredChunk
+from webctx.ports import IndexScope
 from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
 
@@ -85,6 +87,7 @@ class EdgeVectorStore:
         self._guard = threading.Lock()
         self._shard: qe.EdgeShard | None = None
         self._sparse: qe.EdgeShard | None = None
+        self._marked: set[str] = set()  # tenant keys whose mark fields are indexed
         try:
             if (path / _CONFIG_FILE).exists():
                 self._shard = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
@@ -99,29 +102,45 @@ class EdgeVectorStore:
         if not points:
             return
         shard = self._current() or self._create_once(len(points[0].vector))
-        batch = [qe.Point(p.id, list(p.vector), point_payload(p)) for p in points]
-        _engine(lambda: shard.update(qe.UpdateOperation.upsert_points(batch)))
+        _keep_marks_upsert(shard, [(p.id, list(p.vector), point_payload(p)) for p in points])
 
     def search(
         self, vector: Sequence[float], *, limit: int, content_sha256s: Sequence[str]
     ) -> list[ScoredChunk]:
         """Nearest chunks by cosine similarity among the given pages, with vectors."""
-        shard = self._current()
-        if shard is None or not content_sha256s or limit < 1:
+        if not content_sha256s:
             return []
         pages = qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(content_sha256s)))
+        return self._dense_query(vector, limit, qe.Filter(must=[pages]))
+
+    def search_live(
+        self, vector: Sequence[float], *, limit: int, scope: IndexScope
+    ) -> list[ScoredChunk]:
+        """Nearest chunks by cosine similarity among the scope's live pages, without vectors
+        (an index search returns text, not vectors: 50 of them cost more than the query)."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
+
+    def _dense_query(
+        self, vector: Sequence[float], limit: int, where: qe.Filter, *, vectors: bool = True
+    ) -> list[ScoredChunk]:
+        shard = self._current()
+        if shard is None or limit < 1:
+            return []
         request = qe.QueryRequest(
             limit=limit,
             query=qe.Query.Nearest([float(x) for x in vector]),
-            filter=qe.Filter(must=[pages]),
+            filter=where,
             with_payload=True,
-            with_vector=True,
+            with_vector=vectors,
         )
         hits = _engine(lambda: shard.query(request))
         return [
-            scored_chunk(hit.payload or {}, score=hit.score, vector=_dense(hit.vector))
+            scored_chunk(hit.payload or {}, score=hit.score,
+                         vector=_dense(hit.vector) if vectors else [])
             for hit in hits
-        ]
+        ]  # fmt: skip
 
     def count(self) -> int:
         """Number of points held."""
@@ -146,30 +165,76 @@ class EdgeVectorStore:
             return
         shard = self._sparse_shard(create=True)
         assert shard is not None
-        batch = []
+        batch: list[tuple[str, object, dict[str, object]]] = []
         for p in points:
             sv = document_vector(p.chunk.text)
-            vector = {SPARSE: qe.SparseVector(sv.indices, sv.values)}
-            batch.append(qe.Point(p.id, vector, point_payload(p)))  # type: ignore[arg-type]
-        _engine(lambda: shard.update(qe.UpdateOperation.upsert_points(batch)))
+            batch.append((p.id, {SPARSE: qe.SparseVector(sv.indices, sv.values)},
+                          point_payload(p)))  # fmt: skip
+        _keep_marks_upsert(shard, batch)
 
     def search_sparse(
         self, text: str, *, limit: int, content_sha256s: Sequence[str]
     ) -> list[ScoredChunk]:
         """Best BM25 matches of `text` among the given pages (no vectors)."""
-        shard = self._sparse_shard(create=False)
-        sv = query_vector(text)
-        if shard is None or not content_sha256s or limit < 1 or not sv.indices:
+        if not content_sha256s:
             return []
         pages = qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(content_sha256s)))
+        return self._sparse_query(text, limit, qe.Filter(must=[pages]))
+
+    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
+        """Best BM25 matches of `text` among the scope's live pages (no vectors)."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        return self._sparse_query(text, limit, _scope_filter(scope))
+
+    def _sparse_query(self, text: str, limit: int, where: qe.Filter) -> list[ScoredChunk]:
+        shard = self._sparse_shard(create=False)
+        sv = query_vector(text)
+        if shard is None or limit < 1 or not sv.indices:
+            return []
         request = qe.QueryRequest(
             limit=limit,
             query=qe.Query.Nearest(qe.SparseVector(sv.indices, sv.values), using=SPARSE),
-            filter=qe.Filter(must=[pages]),
+            filter=where,
             with_payload=True,
         )
         hits = _engine(lambda: shard.query(request))
         return [scored_chunk(hit.payload or {}, score=hit.score, vector=[]) for hit in hits]
+
+    def mark_pages(
+        self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
+    ) -> None:
+        """Make `live` pages (hash -> site) visible from `generation`, `dead` ones not."""
+        shards = [s for s in (self._current(), self._sparse_shard(create=False)) if s is not None]
+        if tenant_key not in self._marked:  # info() per mark would cost more than the mark
+            integer = qe.PayloadSchemaType.Integer
+            for shard in shards:
+                fields = {from_key(tenant_key): integer, until_key(tenant_key): integer}
+                _index_fields(shard, fields)
+            if len(shards) == 2:
+                self._marked.add(tenant_key)
+        for shard in shards:
+            for op in _mark_operations(tenant_key, generation, live, dead):
+                _engine(functools.partial(shard.update, op))
+
+    def optimize(self) -> bool:
+        """Run the engine's optimizers (HNSW for segments past the indexing threshold).
+
+        The engine never optimizes on its own, and holds the GIL while it does: the whole
+        process waits (minutes for 100,000 unindexed 384-dim points on 2 cores)."""
+        built = False
+        for shard in (self._current(), self._sparse_shard(create=False)):
+            if shard is not None:
+                built = _engine(shard.optimize) or built
+        return built
+
+    def unindexed(self) -> int:
+        """Dense points not yet in an HNSW graph (searched by brute force)."""
+        shard = self._current()
+        if shard is None:
+            return 0
+        info = _engine(shard.info)
+        return max(0, info.points_count - info.indexed_vectors_count)
 
     def _sparse_shard(self, *, create: bool) -> qe.EdgeShard | None:
         self._current()  # same fork/closed checks as the dense shard
@@ -234,12 +299,80 @@ class EdgeVectorStore:
     def _open(shard: qe.EdgeShard) -> qe.EdgeShard:
         # Without the keyword index a filtered search scans every point (140 ms vs 0.3 ms
         # at 50k points), so also add it to a shard that lacks it.
-        if CONTENT_KEY not in _engine(shard.info).payload_schema:
-            index = qe.UpdateOperation.create_field_index(CONTENT_KEY, qe.PayloadSchemaType.Keyword)
-            _engine(lambda: shard.update(index))
+        keyword = qe.PayloadSchemaType.Keyword
+        _index_fields(shard, {CONTENT_KEY: keyword, SITE_KEY: keyword})
         return shard
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor releases the flock
+
+
+def _keep_marks_upsert(
+    shard: qe.EdgeShard, points: Sequence[tuple[str, object, dict[str, object]]]
+) -> None:
+    """Upsert (id, vector, payload) without erasing what else the payload holds.
+
+    A plain upsert replaces the whole payload, and so would wipe the index's live marks
+    from a content-addressed point a research job stores again. New points are inserted
+    (insert-only: one stored meanwhile by another thread is not overwritten); existing ones
+    get their vector replaced and their payload fields merged."""
+    ids: list[qe.PointId] = [pid for pid, _, _ in points]
+    found = _engine(lambda: shard.retrieve(ids, with_payload=False, with_vector=False))
+    existing = {str(record.id) for record in found}
+    fresh = [qe.Point(pid, vector, payload) for pid, vector, payload in points  # type: ignore[arg-type]
+             if pid not in existing]  # fmt: skip
+    if fresh:
+        insert = qe.UpdateOperation.upsert_points(fresh, update_mode=qe.UpdateMode.InsertOnly)
+        _engine(functools.partial(shard.update, insert))
+    for pid, vector, payload in points:
+        if pid in existing:
+            vectors = qe.UpdateOperation.update_vectors([qe.PointVectors(pid, vector)])  # type: ignore[arg-type]
+            _engine(functools.partial(shard.update, vectors))
+            merge = qe.UpdateOperation.set_payload([pid], payload)
+            _engine(functools.partial(shard.update, merge))
+
+
+def _index_fields(shard: qe.EdgeShard, fields: Mapping[str, qe.PayloadSchemaType]) -> None:
+    """Create the payload indexes the shard lacks (a filter on an unindexed field scans)."""
+    schema = _engine(shard.info).payload_schema
+    for name, kind in fields.items():
+        if name not in schema:
+            op = qe.UpdateOperation.create_field_index(name, kind)
+            _engine(functools.partial(shard.update, op))
+
+
+def _scope_filter(scope: IndexScope) -> qe.Filter:
+    """Live for the tenant at the scope's generation, narrowed to a site or some pages."""
+    at = float(scope.generation)
+    must = [qe.FieldCondition(from_key(scope.tenant_key), range=qe.RangeFloat(lte=at))]
+    if scope.site:
+        must.append(qe.FieldCondition(SITE_KEY, match=qe.MatchValue(scope.site.lower())))
+    if scope.content_sha256s is not None:
+        must.append(qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(scope.content_sha256s))))
+    gone = qe.FieldCondition(until_key(scope.tenant_key), range=qe.RangeFloat(lte=at))
+    return qe.Filter(must=must, must_not=[gone])  # type: ignore[arg-type]
+
+
+def _pages(hashes: Sequence[str]) -> qe.Filter:
+    return qe.Filter(must=[qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(hashes)))])
+
+
+def _mark_operations(
+    tk: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
+) -> list[qe.UpdateOperation]:
+    """Mark live pages (from, site; then clear an old until), then dead ones (until)."""
+    ops = []
+    by_site: dict[str, list[str]] = {}
+    for sha, site in live.items():
+        by_site.setdefault(site, []).append(sha)
+    for site, hashes in by_site.items():
+        payload = {from_key(tk): generation, SITE_KEY: site}
+        ops.append(qe.UpdateOperation.set_payload_by_filter(_pages(hashes), payload))
+    if live:
+        ops.append(qe.UpdateOperation.delete_payload_by_filter(_pages(list(live)), [until_key(tk)]))
+    if dead:
+        ops.append(qe.UpdateOperation.set_payload_by_filter(_pages(dead),
+                                                            {until_key(tk): generation}))
+    return ops

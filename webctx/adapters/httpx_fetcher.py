@@ -1,12 +1,18 @@
 """The page fetcher: httpx under a hard deadline, a decoded-size cap and the address guard.
 
 Design (see TRAPS 6-8):
-- Deadline: each `fetch` runs a private event loop (`asyncio.run`) and wraps every hop,
-  the DNS lookup (in a thread) and the body read in one `asyncio.timeout`. httpx's own
-  timeouts are per operation, so a trickling server only trips this one.
+- One event loop per fetcher, in a thread of its own, with one client whose pool keeps
+  connections alive for `KEEPALIVE_S`: a re-index run's conditional GETs to one host reuse
+  a few connections instead of opening one (and a loop) per request. `fetch` blocks the
+  calling thread on its request's future; the loop is started lazily, again after a fork.
+- Deadline: each fetch wraps every hop, the DNS lookup (in a thread) and the body read in
+  one `asyncio.timeout`. httpx's own timeouts are per operation, so a trickling server
+  only trips this one.
 - Connect-to-checked-IP: a custom httpcore network backend resolves the host, checks every
   address with the policy and connects to a checked address; httpcore still sends the name
-  as Host and SNI. There is no second lookup, hence no DNS rebinding window.
+  as Host and SNI. There is no second lookup, hence no DNS rebinding window. A kept-alive
+  connection stays bound to the address checked when it was opened, and serves only its
+  own origin (scheme, host, port); an unread or failed response closes its connection.
 - Size: the body is read raw and inflated here with a zlib output limit, so a gzip bomb
   never inflates past `max_bytes` (httpx's decoders have no output limit).
 - Politeness (optional, `webctx.politeness`): every hop consults robots.txt (fetched through
@@ -16,18 +22,23 @@ Design (see TRAPS 6-8):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-import functools
+import contextvars
 import logging
+import os
+import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import httpcore
 import httpx
 
+from webctx.adapters.guarded_transport import GuardedBackend, GuardedTransport, for_url
 from webctx.adapters.http_body import (
     BodyDecoder,
     looks_binary,
@@ -45,11 +56,8 @@ from webctx.errors import (
 from webctx.models import Download
 from webctx.netguard import (
     AddressPolicy,
-    IPAddress,
     Resolver,
     check_url,
-    parse_ip_host,
-    resolve_checked,
     system_resolver,
 )
 from webctx.politeness import (
@@ -59,7 +67,7 @@ from webctx.politeness import (
     parse_retry_after,
     robots_rules,
 )
-from webctx.portpolicy import check_port
+from webctx.ports import Revalidation
 from webctx.settings import FetchSettings
 
 logger = logging.getLogger(__name__)
@@ -68,12 +76,24 @@ ACCEPTED_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain"})
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEADERS = {"Accept": "text/html,application/xhtml+xml;q=0.9,text/plain;q=0.8",
             "Accept-Encoding": "gzip, deflate"}  # fmt: skip # only what BodyDecoder inflates
+KEEPALIVE_S = 2.0
+"""An idle connection is closed after this; below common servers' own idle timeouts (5 s),
+so a request is not sent on a connection the server is closing."""
+_DRAIN_BYTES = 64 * 1024
+"""An error response declaring at most this much is read to its end, so its connection
+can be reused (a 404 page during a re-index); a longer or unsized one closes it."""
+# This fetch's conditional headers (page hops only) and accepted media types: per task.
+_CALL: contextvars.ContextVar[tuple[dict[str, str], frozenset[str]]] = contextvars.ContextVar(
+    "webctx_fetch_call"
+)
+T = TypeVar("T")
 
 
 class HttpxFetcher:
     """Fetches pages with httpx under `FetchSettings` and an `AddressPolicy`; thread-safe.
 
-    Call `fetch` from worker threads (it runs its own event loop), not from async code.
+    Call `fetch` from worker threads (it waits on the fetcher's own event loop), not from
+    a coroutine running on that loop.
     """
 
     def __init__(
@@ -92,11 +112,13 @@ class HttpxFetcher:
         # DNS runs here, not in the loop's default executor, so a hung lookup is abandoned
         # at the deadline instead of being joined by asyncio.run.
         self._dns = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="webctx-dns")
-        self._slots_lock = threading.Lock()
         # Weak values: a host's semaphore lives while some fetch holds or waits on it.
-        self._slots = weakref.WeakValueDictionary[str, threading.BoundedSemaphore]()
-        # This thread's fetch: conditional headers (page hops only) and accepted media types.
-        self._call = threading.local()
+        # Only touched from the loop's thread.
+        self._slots = weakref.WeakValueDictionary[str, asyncio.Semaphore]()
+        self._loop_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_pid = 0
+        self._client: httpx.AsyncClient | None = None
 
     def fetch(
         self,
@@ -112,41 +134,128 @@ class HttpxFetcher:
         304 comes back as a Download with status 304 and an empty body. `media_types`
         replaces the accepted content types (the index reads sitemaps and feeds)."""
         check_url(url)
-        headers: dict[str, str] = {}
-        if etag:
-            headers["If-None-Match"] = etag
-        if last_modified:
-            headers["If-Modified-Since"] = last_modified
-        return asyncio.run(self._fetch(url, headers, media_types or ACCEPTED_TYPES))
+        headers = _conditional(etag, last_modified)
+        return self._run(self._fetch(url, headers, media_types or ACCEPTED_TYPES), url)
+
+    def fetch_many(
+        self, requests: Sequence[Revalidation], *, window: int
+    ) -> Iterator[tuple[int, Download | FetchError]]:
+        """Revalidate many URLs on the fetcher's loop: (index, Download or FetchError) as
+        each completes, at most `window` in flight or waiting to be taken. Closing the
+        iterator early cancels the rest."""
+        loop = self._running_loop()
+        done: queue.SimpleQueue[tuple[int, Download | FetchError]] = queue.SimpleQueue()
+        gate = asyncio.Semaphore(max(1, window))
+        future = asyncio.run_coroutine_threadsafe(self._fetch_all(requests, gate, done), loop)
+        try:
+            for _ in requests:
+                try:
+                    item = done.get(timeout=self._settings.total_timeout_s + 5.0)
+                except queue.Empty:
+                    raise FetchError("", "the fetch loop did not answer in time") from None
+                loop.call_soon_threadsafe(gate.release)
+                yield item
+        finally:
+            future.cancel()
+
+    async def _fetch_all(
+        self,
+        requests: Sequence[Revalidation],
+        gate: asyncio.Semaphore,
+        done: queue.SimpleQueue[tuple[int, Download | FetchError]],
+    ) -> None:
+        async def one(i: int, req: Revalidation) -> None:
+            try:
+                done.put((i, await self._fetch(req.url, _conditional(req.etag, req.last_modified),
+                                               ACCEPTED_TYPES)))  # fmt: skip
+            except FetchError as exc:
+                done.put((i, exc))
+            except Exception as exc:  # never leave the consumer waiting on a lost item
+                done.put((i, FetchError(req.url, f"{type(exc).__name__}: {exc}")))
+
+        tasks = []
+        try:
+            for i, req in enumerate(requests):
+                await gate.acquire()
+                try:
+                    check_url(req.url)
+                except FetchError as exc:
+                    done.put((i, exc))
+                    continue
+                tasks.append(asyncio.create_task(one(i, req)))
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def close(self) -> None:
-        """Release the DNS threads (a lookup still running is abandoned)."""
+        """Close kept-alive connections, stop the loop, release the DNS threads (a lookup
+        still running is abandoned)."""
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None and self._loop_pid == os.getpid():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._close_client(), loop).result(5.0)
+            loop.call_soon_threadsafe(loop.stop)
         self._dns.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, work: Coroutine[Any, Any, T], url: str) -> T:
+        """Run `work` on the fetcher's loop and wait for it (its own deadline applies)."""
+        future = asyncio.run_coroutine_threadsafe(work, self._running_loop())
+        try:
+            # The coroutine times itself out; this bound only guards against a stuck loop.
+            return future.result(timeout=self._settings.total_timeout_s + 5.0)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise FetchTimeout(url, "the fetch loop did not answer in time") from exc
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None or self._loop_pid != os.getpid():  # first use, or forked
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=_serve, args=(loop,), daemon=True,
+                                          name="webctx-fetch-loop")  # fmt: skip
+                thread.start()
+                self._loop, self._loop_pid, self._client = loop, os.getpid(), None
+                self._slots = weakref.WeakValueDictionary()
+            return self._loop
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
     async def _fetch(
         self, url: str, headers: dict[str, str], types: frozenset[str] = ACCEPTED_TYPES
     ) -> Download:
         total = self._settings.total_timeout_s
         started = time.monotonic()
-        async with self._new_client() as client:
-            self._call.headers, self._call.types = headers, types
-            try:
-                async with asyncio.timeout(total):
-                    download = await self._follow(client, url, started + total)
-            except TimeoutError as exc:
-                raise FetchTimeout(url, f"no complete response within {total}s") from exc
-        ms = round((time.monotonic() - started) * 1000)
-        extra = {"url": url, "final_url": download.final_url, "status": download.status}
-        logger.debug("page fetched", extra=extra | {"bytes": len(download.body), "ms": ms})
+        if self._client is None:  # on the loop's thread: no race
+            self._client = self._new_client()
+        client = self._client
+        _CALL.set((headers, types))
+        try:
+            async with asyncio.timeout(total):
+                download = await self._follow(client, url, started + total)
+        except TimeoutError as exc:
+            raise FetchTimeout(url, f"no complete response within {total}s") from exc
+        if logger.isEnabledFor(logging.DEBUG):
+            ms = round((time.monotonic() - started) * 1000)
+            extra = {"url": url, "final_url": download.final_url, "status": download.status}
+            logger.debug("page fetched", extra=extra | {"bytes": len(download.body), "ms": ms})
         return download
 
     def _new_client(self) -> httpx.AsyncClient:
         ports = frozenset(self._settings.allowed_ports)
-        backend = _GuardedBackend(self._policy, self._resolver, self._dns, ports)
-        pool = httpcore.AsyncConnectionPool(ssl_context=self._ssl_context, network_backend=backend)
+        backend = GuardedBackend(self._policy, self._resolver, self._dns, ports)
         s = self._settings
+        size = max(10, 2 * s.concurrency)
+        pool = httpcore.AsyncConnectionPool(
+            ssl_context=self._ssl_context, network_backend=backend, max_connections=size,
+            max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_S,
+        )  # fmt: skip
         return httpx.AsyncClient(
-            transport=_GuardedTransport(pool),
+            transport=GuardedTransport(pool),
             timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
             headers={"User-Agent": s.user_agent, **_HEADERS},
             follow_redirects=False,  # each hop must pass check_url and the address guard
@@ -164,7 +273,7 @@ class HttpxFetcher:
         except FetchError as exc:
             if exc.url == url:
                 raise
-            raise _for_url(exc, url) from exc
+            raise for_url(exc, url) from exc
         except httpx.HTTPError as exc:  # anything the transport did not translate
             raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
         raise FetchError(url, f"more than {self._settings.max_redirects} redirects")
@@ -176,8 +285,8 @@ class HttpxFetcher:
         target = _checked_url(current)
         if self._politeness is not None:
             await self._be_polite(self._politeness, client, target, deadline)
-        with self._host_slot(current, target.host, deadline):
-            conditional = getattr(self._call, "headers", None)
+        async with self._host_slot(current, target.host, deadline):
+            conditional = _CALL.get(({}, ACCEPTED_TYPES))[0]
             request = client.build_request("GET", target, headers=conditional)
             response = await client.send(request, stream=True)
             try:
@@ -214,7 +323,7 @@ class HttpxFetcher:
         url = f"{origin}/robots.txt"
         for _ in range(self._settings.max_redirects + 1):
             target = _checked_url(url)
-            with self._host_slot(url, target.host, deadline):
+            async with self._host_slot(url, target.host, deadline):
                 response = await client.send(client.build_request("GET", target), stream=True)
                 try:
                     location = _redirect_location(response)
@@ -232,17 +341,21 @@ class HttpxFetcher:
             url = str(target.join(location))
         return robots_rules(404, b"", user_agent=polite.user_agent)  # RFC 9309: > 5 hops
 
-    @contextlib.contextmanager
-    def _host_slot(self, url: str, host: str, deadline: float) -> Iterator[None]:
-        with self._slots_lock:
-            slot = self._slots.get(host)
-            if slot is None:
-                slot = threading.BoundedSemaphore(self._settings.per_host_concurrency)
-                self._slots[host] = slot
-        # Blocking is fine here: the event loop is private to this fetch, and the wait is
-        # bounded by what is left of the deadline.
-        if not slot.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise FetchTimeout(url, f"no free connection slot for {host} before the deadline")
+    @contextlib.asynccontextmanager
+    async def _host_slot(self, url: str, host: str, deadline: float) -> AsyncIterator[None]:
+        slot = self._slots.get(host)
+        if slot is None:
+            slot = asyncio.Semaphore(self._settings.per_host_concurrency)
+            self._slots[host] = slot
+        try:
+            if slot.locked():  # wait for a slot, until the deadline at most
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await slot.acquire()
+            else:
+                await slot.acquire()  # free: returns at once
+        except TimeoutError:
+            message = f"no free connection slot for {host} before the deadline"
+            raise FetchTimeout(url, message) from None
         try:
             yield
         finally:
@@ -251,16 +364,23 @@ class HttpxFetcher:
     async def _download(self, url: str, response: httpx.Response) -> Download:
         final_url = str(response.url)
         self._note_status(response)
-        if response.status_code == 304 and getattr(self._call, "headers", None):
+        conditional, types = _CALL.get(({}, ACCEPTED_TYPES))
+        if response.status_code == 304 and conditional:
+            async for _ in response.aiter_raw():  # no body (h11 knows); ends the message,
+                pass  # so the connection goes back to the pool instead of being closed
             return Download(url=url, final_url=final_url, status=304, content_type="", body=b"",
                             etag=response.headers.get("etag"),
                             last_modified=response.headers.get("last-modified"))  # fmt: skip
         if not 200 <= response.status_code < 300:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) <= _DRAIN_BYTES:  # keep the connection
+                async for _ in response.aiter_raw():
+                    pass
             raise HTTPStatusError(
                 final_url, f"HTTP {response.status_code}", status=response.status_code
             )
         media, charset = parse_content_type(response.headers.get("content-type", ""))
-        if media and media not in getattr(self._call, "types", ACCEPTED_TYPES):
+        if media and media not in types:
             raise UnsupportedContent(final_url, f"content type {media!r}")
         limit = self._settings.max_bytes
         declared = response.headers.get("content-length", "")
@@ -298,125 +418,23 @@ class HttpxFetcher:
             pacer.ok(host)
 
 
-class _GuardedBackend(httpcore.AsyncNetworkBackend):
-    """Resolves and checks the host (address, then port), then connects to a checked address."""
-
-    def __init__(
-        self,
-        policy: AddressPolicy,
-        resolver: Resolver,
-        dns: ThreadPoolExecutor,
-        allowed_ports: frozenset[int],
-    ):
-        self._policy = policy
-        self._resolver = resolver
-        self._dns = dns
-        self._allowed_ports = allowed_ports
-        self._inner = httpcore.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        addresses = await self._resolve(host, port, timeout)
-        check_port(host, port, addresses, policy=self._policy, allowed_ports=self._allowed_ports)
-        error: httpcore.ConnectError | None = None
-        for address in addresses:
-            try:
-                return await self._inner.connect_tcp(
-                    str(address), port, timeout, local_address, socket_options
-                )
-            except httpcore.ConnectError as exc:  # try the next checked address
-                error = exc
-        raise error or httpcore.ConnectError(f"no address for {host}")
-
-    async def _resolve(self, host: str, port: int, timeout: float | None) -> list[IPAddress]:
-        lookup = functools.partial(
-            resolve_checked, host, port, policy=self._policy, resolver=self._resolver
-        )
-        if parse_ip_host(host) is not None:
-            return lookup()  # a literal: no lookup, no thread
-        try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.get_running_loop().run_in_executor(self._dns, lookup)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"resolving {host} took over {timeout}s") from exc
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+def _conditional(etag: str | None, last_modified: str | None) -> dict[str, str]:
+    """The request headers of a revalidation."""
+    headers: dict[str, str] = {}
+    if etag:
+        headers["If-None-Match"] = etag
+    if last_modified:
+        headers["If-Modified-Since"] = last_modified
+    return headers
 
 
-class _GuardedTransport(httpx.AsyncBaseTransport):
-    """An httpx transport over our httpcore pool that raises webctx errors."""
-
-    def __init__(self, pool: httpcore.AsyncConnectionPool) -> None:
-        self._pool = pool
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = str(request.url)
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        with _translated(url):
-            core = await self._pool.handle_async_request(core_request)
-        return httpx.Response(
-            core.status,
-            headers=core.headers,
-            stream=_ResponseStream(url, core),
-            extensions=core.extensions,
-        )
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
-
-
-class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, url: str, core: httpcore.Response) -> None:
-        self._url, self._core = url, core
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _translated(self._url):
-            async for part in self._core.aiter_stream():
-                yield part
-
-    async def aclose(self) -> None:
-        await self._core.aclose()
-
-
-@contextlib.contextmanager
-def _translated(url: str) -> Iterator[None]:
-    """Turn httpcore and netguard errors into webctx errors about `url`."""
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The fetch loop's thread: run until `close` stops it."""
+    asyncio.set_event_loop(loop)
     try:
-        yield
-    except httpcore.TimeoutException as exc:
-        raise FetchTimeout(url, f"{type(exc).__name__}: {exc}") from exc
-    except FetchError as exc:
-        if exc.url == url:
-            raise
-        raise _for_url(exc, url) from exc
-    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
-        raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
-
-
-def _for_url(exc: FetchError, url: str) -> FetchError:
-    """The same failure reported against `url` (netguard knows hosts, callers know URLs)."""
-    message = f"{exc} (at {exc.url})" if "://" in exc.url else str(exc)
-    if isinstance(exc, HTTPStatusError):
-        return HTTPStatusError(url, message, status=exc.status)
-    return type(exc)(url, message)
+        loop.run_forever()
+    finally:
+        loop.close()
 
 
 def _checked_url(url: str) -> httpx.URL:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from webctx.errors import ProviderError
 from webctx.models import ScoredChunk, StoredChunk
+from webctx.ports import IndexScope
 from webctx.sparse import document_vector, idf, query_vector
 
 Vec = npt.NDArray[np.float32]
@@ -30,6 +31,9 @@ class MemoryVectorStore:
         self._dimensions: int | None = None
         self._lock = threading.Lock()
         self._sparse: dict[str, tuple[dict[int, float], StoredChunk]] = {}
+        # (tenant key, page hash) -> [from, until]; page hash -> site: the live marks.
+        self._marks: dict[tuple[str, str], list[int | None]] = {}
+        self._sites: dict[str, str] = {}
 
     def upsert(self, points: Sequence[StoredChunk]) -> None:
         """Insert or overwrite points by id; the first point fixes the dimension."""
@@ -44,11 +48,23 @@ class MemoryVectorStore:
     ) -> list[ScoredChunk]:
         """Nearest chunks by cosine similarity among the given pages, with vectors."""
         pages = set(content_sha256s)
+        return self._nearest(vector, limit, lambda sha: sha in pages)
+
+    def search_live(
+        self, vector: Sequence[float], *, limit: int, scope: IndexScope
+    ) -> list[ScoredChunk]:
+        """Nearest chunks by cosine similarity among the scope's live pages, without vectors."""
+        return [h.model_copy(update={"vector": []})
+                for h in self._nearest(vector, limit, self._in_scope(scope))]  # fmt: skip
+
+    def _nearest(
+        self, vector: Sequence[float], limit: int, keep: Callable[[str], bool]
+    ) -> list[ScoredChunk]:
         with self._lock:
-            if self._dimensions is None or not pages or limit < 1:
+            if self._dimensions is None or limit < 1:
                 return []
             self._check_dimension(len(vector))
-            hits = [p for p in self._points.values() if p[1].chunk.content_sha256 in pages]
+            hits = [p for p in self._points.values() if keep(p[1].chunk.content_sha256)]
         if not hits:
             return []
         scores = np.stack([vec for vec, _ in hits]) @ _unit(vector)
@@ -75,6 +91,8 @@ class MemoryVectorStore:
             for points in (self._points, self._sparse):
                 for pid in [k for k, v in points.items() if v[1].chunk.content_sha256 in pages]:
                     del points[pid]
+            for key in [k for k in self._marks if k[1] in pages]:
+                del self._marks[key]
 
     def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
         """Index the points' chunk texts as BM25 sparse vectors, under the same ids."""
@@ -87,15 +105,53 @@ class MemoryVectorStore:
         self, text: str, *, limit: int, content_sha256s: Sequence[str]
     ) -> list[ScoredChunk]:
         """Best BM25 matches of `text` among the given pages (IDF over every point)."""
-        terms = query_vector(text).indices
         pages = set(content_sha256s)
+        return self._bm25(text, limit, lambda sha: sha in pages)
+
+    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
+        """Best BM25 matches of `text` among the scope's live pages (IDF over every point)."""
+        return self._bm25(text, limit, self._in_scope(scope))
+
+    def mark_pages(
+        self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
+    ) -> None:
+        """Make `live` pages (hash -> site) visible from `generation`, `dead` ones not."""
+        with self._lock:
+            for sha, site in live.items():
+                self._marks[(tenant_key, sha)] = [generation, None]
+                self._sites[sha] = site
+            for sha in dead:
+                self._marks.setdefault((tenant_key, sha), [None, None])[1] = generation
+
+    def optimize(self) -> bool:
+        """Nothing to build: search is exact."""
+        return False
+
+    def _in_scope(self, scope: IndexScope) -> Callable[[str], bool]:
+        pages = None if scope.content_sha256s is None else set(scope.content_sha256s)
+        site = scope.site.lower() if scope.site else None
+
+        def keep(sha: str) -> bool:
+            start, until = self._marks.get((scope.tenant_key, sha), [None, None])
+            if start is None or start > scope.generation:
+                return False
+            if until is not None and until <= scope.generation:
+                return False
+            if site is not None and self._sites.get(sha) != site:
+                return False
+            return pages is None or sha in pages
+
+        return keep
+
+    def _bm25(self, text: str, limit: int, keep: Callable[[str], bool]) -> list[ScoredChunk]:
+        terms = query_vector(text).indices
         with self._lock:
             docs = list(self._sparse.values())
         weights = {t: idf(len(docs), sum(1 for d, _ in docs if t in d)) for t in terms}
         scored = []
         for doc, point in docs:
             score = sum(weights[t] * doc[t] for t in terms if t in doc)
-            if score > 0 and point.chunk.content_sha256 in pages:
+            if score > 0 and keep(point.chunk.content_sha256):
                 scored.append((score, point))
         scored.sort(key=lambda sp: -sp[0])
         return [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
@@ -17,7 +17,9 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from webctx.errors import ProviderError, ProviderUnavailable
+from webctx.generations import SITE_KEY, from_key, until_key
 from webctx.models import ScoredChunk, StoredChunk
+from webctx.ports import IndexScope
 from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
 
@@ -74,6 +76,7 @@ class QdrantVectorStore:
         self._ready = False  # the collection is known to exist
         self._sparse_ready = False
         self._guard = threading.Lock()
+        self._indexed: set[tuple[str, str]] = set()  # (collection, field) known indexed
 
     def upsert(self, points: Sequence[StoredChunk]) -> None:
         """Insert or overwrite points by id; the first upsert creates the collection."""
@@ -84,32 +87,44 @@ class QdrantVectorStore:
             models.PointStruct(id=p.id, vector=list(p.vector), payload=point_payload(p))
             for p in points
         ]
-        # wait=True: the next task (rank) must see these points.
-        _client(lambda: self.client.upsert(self.collection, points=structs, wait=True))
+        self._keep_marks_upsert(self.collection, structs)
 
     def search(
         self, vector: Sequence[float], *, limit: int, content_sha256s: Sequence[str]
     ) -> list[ScoredChunk]:
         """Nearest chunks by cosine similarity among the given pages, with vectors."""
-        if not content_sha256s or limit < 1 or not self._exists():
+        if not content_sha256s:
             return []
-        pages = models.FieldCondition(
-            key=CONTENT_KEY, match=models.MatchAny(any=list(content_sha256s))
-        )
+        return self._dense_query(vector, limit, _pages(content_sha256s))
+
+    def search_live(
+        self, vector: Sequence[float], *, limit: int, scope: IndexScope
+    ) -> list[ScoredChunk]:
+        """Nearest chunks by cosine similarity among the scope's live pages, without vectors."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
+
+    def _dense_query(
+        self, vector: Sequence[float], limit: int, where: models.Filter, *, vectors: bool = True
+    ) -> list[ScoredChunk]:
+        if limit < 1 or not self._exists():
+            return []
         response = _client(
             lambda: self.client.query_points(
                 self.collection,
                 query=[float(x) for x in vector],
-                query_filter=models.Filter(must=[pages]),
+                query_filter=where,
                 limit=limit,
                 with_payload=True,
-                with_vectors=True,
+                with_vectors=vectors,
             )
         )
         return [
-            scored_chunk(hit.payload or {}, score=hit.score, vector=_dense(hit.vector))
+            scored_chunk(hit.payload or {}, score=hit.score,
+                         vector=_dense(hit.vector) if vectors else [])
             for hit in response.points
-        ]
+        ]  # fmt: skip
 
     def count(self) -> int:
         """Number of points held."""
@@ -144,24 +159,97 @@ class QdrantVectorStore:
                 SPARSE: models.SparseVector(indices=sv.indices, values=sv.values)
             }
             structs.append(models.PointStruct(id=p.id, vector=vector, payload=point_payload(p)))
-        _client(lambda: self.client.upsert(self._sparse_name, points=structs, wait=True))
+        self._keep_marks_upsert(self._sparse_name, structs)
 
     def search_sparse(
         self, text: str, *, limit: int, content_sha256s: Sequence[str]
     ) -> list[ScoredChunk]:
         """Best BM25 matches of `text` among the given pages (no vectors)."""
-        sv = query_vector(text)
-        if not content_sha256s or limit < 1 or not sv.indices or not self._sparse_exists():
+        if not content_sha256s:
             return []
-        pages = models.FieldCondition(
-            key=CONTENT_KEY, match=models.MatchAny(any=list(content_sha256s))
-        )
+        return self._sparse_query(text, limit, _pages(content_sha256s))
+
+    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
+        """Best BM25 matches of `text` among the scope's live pages (no vectors)."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        return self._sparse_query(text, limit, _scope_filter(scope))
+
+    def mark_pages(
+        self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
+    ) -> None:
+        """Make `live` pages (hash -> site) visible from `generation`, `dead` ones not."""
+        integer, keyword = models.PayloadSchemaType.INTEGER, models.PayloadSchemaType.KEYWORD
+        fields = {from_key(tenant_key): integer, until_key(tenant_key): integer,
+                  SITE_KEY: keyword}  # fmt: skip
+        by_site: dict[str, list[str]] = {}
+        for sha, site in live.items():
+            by_site.setdefault(site, []).append(sha)
+        for name, present in ((self.collection, self._exists()),
+                              (self._sparse_name, self._sparse_exists())):  # fmt: skip
+            if not present:
+                continue
+            self._index_fields(name, fields)
+            ops: list[models.UpdateOperation] = [
+                models.SetPayloadOperation(set_payload=models.SetPayload(
+                    payload={from_key(tenant_key): generation, SITE_KEY: site},
+                    filter=_pages(hashes)))
+                for site, hashes in by_site.items()
+            ]  # fmt: skip
+            if live:
+                ops.append(models.DeletePayloadOperation(delete_payload=models.DeletePayload(
+                    keys=[until_key(tenant_key)], filter=_pages(list(live)))))  # fmt: skip
+            if dead:
+                ops.append(models.SetPayloadOperation(set_payload=models.SetPayload(
+                    payload={until_key(tenant_key): generation}, filter=_pages(dead))))  # fmt: skip
+            # One request, applied in order: from (and site) first, the old `until` after.
+            _client(functools.partial(self.client.batch_update_points, name,
+                                      update_operations=ops, wait=True))  # fmt: skip
+
+    def _keep_marks_upsert(self, name: str, structs: list[models.PointStruct]) -> None:
+        """Upsert without erasing what else the payload holds (the index's live marks on a
+        content-addressed point a research job stores again): new points are inserted
+        (insert-only), existing ones get their vector replaced and payload fields merged.
+        wait=True throughout: the next task (rank) must see these points."""
+        ids = [s.id for s in structs]
+        found = _client(functools.partial(self.client.retrieve, name, ids=ids,
+                                          with_payload=False, with_vectors=False))  # fmt: skip
+        existing = {str(record.id) for record in found}
+        fresh = [s for s in structs if str(s.id) not in existing]
+        if fresh:
+            _client(functools.partial(self.client.upsert, name, points=fresh, wait=True))
+        ops: list[models.UpdateOperation] = []
+        for struct in structs:
+            if str(struct.id) in existing:
+                ops.append(models.UpdateVectorsOperation(update_vectors=models.UpdateVectors(
+                    points=[models.PointVectors(id=struct.id, vector=struct.vector)])))
+                ops.append(models.SetPayloadOperation(set_payload=models.SetPayload(
+                    payload=struct.payload or {}, points=[struct.id])))  # fmt: skip
+        if ops:
+            _client(functools.partial(self.client.batch_update_points, name,
+                                      update_operations=ops, wait=True))  # fmt: skip
+
+    def optimize(self) -> bool:
+        """Nothing to do: a server (and local mode) index on their own."""
+        return False
+
+    def _index_fields(self, name: str, fields: Mapping[str, models.PayloadSchemaType]) -> None:
+        for field, kind in fields.items():
+            if (name, field) not in self._indexed:
+                _client(functools.partial(self.client.create_payload_index, name, field,
+                                          field_schema=kind, wait=True))  # fmt: skip
+                self._indexed.add((name, field))
+
+    def _sparse_query(self, text: str, limit: int, where: models.Filter) -> list[ScoredChunk]:
+        sv = query_vector(text)
+        if limit < 1 or not sv.indices or not self._sparse_exists():
+            return []
         response = _client(
             lambda: self.client.query_points(
                 self._sparse_name,
                 query=models.SparseVector(indices=sv.indices, values=sv.values),
                 using=SPARSE,
-                query_filter=models.Filter(must=[pages]),
+                query_filter=where,
                 limit=limit,
                 with_payload=True,
             )
@@ -195,11 +283,7 @@ class QdrantVectorStore:
                 if not _client(lambda: self.client.collection_exists(self._sparse_name)):
                     raise
             keyword = models.PayloadSchemaType.KEYWORD
-            _client(
-                lambda: self.client.create_payload_index(
-                    self._sparse_name, CONTENT_KEY, field_schema=keyword, wait=True
-                )
-            )
+            self._index_fields(self._sparse_name, {CONTENT_KEY: keyword, SITE_KEY: keyword})
             self._sparse_ready = True
 
     def _exists(self) -> bool:
@@ -226,8 +310,26 @@ class QdrantVectorStore:
         # Idempotent, so also run when another worker won the race (it may have died before
         # indexing): without the index every filtered search scans the whole collection.
         keyword = models.PayloadSchemaType.KEYWORD
-        _client(
-            lambda: self.client.create_payload_index(
-                self.collection, CONTENT_KEY, field_schema=keyword, wait=True
-            )
-        )
+        self._index_fields(self.collection, {CONTENT_KEY: keyword, SITE_KEY: keyword})
+
+
+def _pages(hashes: Sequence[str]) -> models.Filter:
+    return models.Filter(
+        must=[models.FieldCondition(key=CONTENT_KEY, match=models.MatchAny(any=list(hashes)))]
+    )
+
+
+def _scope_filter(scope: IndexScope) -> models.Filter:
+    """Live for the tenant at the scope's generation, narrowed to a site or some pages."""
+    at = scope.generation
+    must: list[models.Condition] = [
+        models.FieldCondition(key=from_key(scope.tenant_key), range=models.Range(lte=at))
+    ]
+    if scope.site:
+        must.append(models.FieldCondition(key=SITE_KEY,
+                                          match=models.MatchValue(value=scope.site.lower())))
+    if scope.content_sha256s is not None:
+        must.append(models.FieldCondition(key=CONTENT_KEY,
+                                          match=models.MatchAny(any=list(scope.content_sha256s))))
+    gone = models.FieldCondition(key=until_key(scope.tenant_key), range=models.Range(lte=at))
+    return models.Filter(must=must, must_not=[gone])

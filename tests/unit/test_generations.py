@@ -1,0 +1,218 @@
+"""Live marks and generations: what a tenant's index search sees, and the commit protocol.
+
+The pointers run on the test Redis db; the stores are the adapters themselves (memory, the
+embedded engine, qdrant-client in memory) for the marks contract, memory elsewhere.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from qdrant_client import QdrantClient
+
+from tests.conftest import redis_url
+from tests.factories import make_page
+from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.adapters.memory_store import MemoryVectorStore
+from webctx.adapters.qdrant_store import QdrantVectorStore
+from webctx.generations import Change, Commit, tenant_key
+from webctx.index import IndexContext, IndexedPage, PageIndex, search_index
+from webctx.models import Chunk, Page, StoredChunk
+from webctx.ports import IndexScope, LiveIndexStore
+from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
+from webctx.stages.store import make_points
+
+TENANT = "acme.co"  # a dot: payload keys must not read it as nesting
+TK = tenant_key(TENANT)
+
+
+@pytest.fixture
+def r() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url(), decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def page_points(page: Page, n: int = 3) -> list[StoredChunk]:
+    chunks = [Chunk(content_sha256=page.content_sha256, index=i, start=i, end=i + 1,
+                    text=f"{page.title} words {i}", tokens=3) for i in range(n)]  # fmt: skip
+    vectors = HashEmbedder().embed([c.text for c in chunks])
+    return make_points(chunks, vectors, url=page.url, model="hash-embedding")
+
+
+def store_page(store: LiveIndexStore, page: Page) -> None:
+    points = page_points(page)
+    store.upsert(points)
+    store.upsert_sparse(points)
+
+
+def record_of(page: Page, url: str | None = None) -> IndexedPage:
+    now = time.time()
+    return IndexedPage(url=url or page.url, source_id="s", content_sha256=page.content_sha256,
+                       model="hash-embedding", fetched_at=now, changed_at=now,
+                       title=page.title, site=page.site)  # fmt: skip
+
+
+def ctx_for(r: redis.Redis, store: LiveIndexStore) -> IndexContext:
+    return IndexContext(index=PageIndex(r), fetcher=None,  # type: ignore[arg-type]
+                        embedder=HashEmbedder(model="hash-embedding"), store=store,
+                        chunking=ChunkSettings(), embedding=EmbedSettings(),
+                        settings=IndexSettings(grace_s=60.0))  # fmt: skip
+
+
+def seen_hashes(ctx: IndexContext, query: str = "words") -> set[str]:
+    return {h.content_sha256 for h in search_index(query, tenant=TENANT, ctx=ctx, limit=200)}
+
+
+# -- the marks contract, on every adapter ------------------------------------------------------
+@pytest.fixture(params=["memory", "edge", "qdrant-memory"])
+def live_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveIndexStore]:
+    if request.param == "memory":
+        yield MemoryVectorStore()
+    elif request.param == "edge":
+        edge = EdgeVectorStore(tmp_path / "edge")
+        yield edge
+        edge.close()
+    else:
+        client = QdrantClient(":memory:")
+        yield QdrantVectorStore(client, collection="chunks")
+        client.close()
+
+
+@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
+def test_marks_make_pages_live_and_dead_by_generation(live_store: LiveIndexStore) -> None:
+    a = make_page(url="https://a.test/", text="alpha", title="alpha", site="A.test")
+    b = make_page(url="https://b.test/", text="beta", title="beta", site="b.test")
+    for page in (a, b):
+        store_page(live_store, page)
+    vector = HashEmbedder().embed(["alpha words 1"])[0]
+
+    def found(generation: int, **kw: object) -> set[str]:
+        scope = IndexScope(TK, generation, **kw)  # type: ignore[arg-type]
+        dense = live_store.search_live(vector, limit=10, scope=scope)
+        sparse = live_store.search_live_sparse("words", limit=10, scope=scope)
+        assert {h.chunk.content_sha256 for h in dense} == {h.chunk.content_sha256 for h in sparse}
+        return {h.chunk.content_sha256 for h in dense}
+
+    assert found(5) == set()  # stored, never marked: invisible
+    live_store.mark_pages(tenant_key=TK, generation=1, live={a.content_sha256: "a.test"}, dead=[])
+    assert found(0) == set() and found(1) == {a.content_sha256}
+    live_store.mark_pages(tenant_key=TK, generation=2, live={b.content_sha256: "b.test"},
+                          dead=[a.content_sha256])  # fmt: skip
+    assert found(1) == {a.content_sha256}  # a searcher still at 1 sees the old page only
+    assert found(2) == {b.content_sha256}
+    assert found(2, site="B.test") == {b.content_sha256} and found(2, site="a.test") == set()
+    assert found(2, content_sha256s=[a.content_sha256]) == set()
+    assert found(2, content_sha256s=[]) == set()
+    other = IndexScope("0" * 16, 2)
+    assert live_store.search_live(vector, limit=10, scope=other) == []
+    live_store.mark_pages(tenant_key=TK, generation=3, live={a.content_sha256: "a.test"}, dead=[])
+    assert found(3) == {a.content_sha256, b.content_sha256}  # revived: its `until` cleared
+    store_page(live_store, a)  # a research job stores the same content-addressed points
+    assert found(3) == {a.content_sha256, b.content_sha256}  # the marks survive
+    assert live_store.optimize() in (True, False)
+
+
+# -- the commit protocol ----------------------------------------------------------------------
+def test_unfiltered_search_never_lists_the_tenants_pages(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = MemoryVectorStore()
+    ctx = ctx_for(r, store)
+    pages = [make_page(url=f"https://s.test/{i}", text=f"text {i}", title=f"t{i}")
+             for i in range(5)]  # fmt: skip
+    for page in pages:
+        store_page(store, page)
+        ctx.index.commit(TENANT, page.url, store=store, record=record_of(page), page=page,
+                         grace_s=60.0)  # fmt: skip
+
+    def listed(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an unfiltered search read every pointer")
+
+    monkeypatch.setattr(PageIndex, "pages", listed)
+    hits = search_index("words", tenant=TENANT, ctx=ctx, limit=50)
+    assert {h.content_sha256 for h in hits} == {p.content_sha256 for p in pages}
+    assert {h.url for h in hits} == {p.url for p in pages} and all(h.source_id for h in hits)
+
+
+def test_a_commit_left_half_done_is_replayed_and_never_surfaces_early(r: redis.Redis) -> None:
+    store = MemoryVectorStore()
+    ctx = ctx_for(r, store)
+    old = make_page(url="https://s.test/p", text="old text", title="old")
+    new = make_page(url="https://s.test/p", text="new text", title="new")
+    store_page(store, old)
+    ctx.index.commit(TENANT, old.url, store=store, record=record_of(old), page=old, grace_s=60)
+    store_page(store, new)
+    # A committer journals and marks generation 2, then dies before its MULTI.
+    plan = Commit(generation=2, live={new.content_sha256: "example.org"},
+                  dead=[old.content_sha256], grace_s=60,
+                  changes=[Change(url=old.url, record=record_of(new).model_dump_json(),
+                                  new_sha=new.content_sha256,
+                                  old_sha=old.content_sha256)])  # fmt: skip
+    ctx.index.generations.journal(TENANT, plan)
+    store.mark_pages(tenant_key=TK, generation=2, live=plan.live, dead=plan.dead)
+    assert seen_hashes(ctx) == {old.content_sha256}  # generation 2 is not published
+    other = make_page(url="https://s.test/q", text="other text", title="other")
+    store_page(store, other)
+    ctx.index.commit(TENANT, other.url, store=store, record=record_of(other), grace_s=60)
+    assert ctx.index.generations.pending(TENANT) is None
+    assert ctx.index.generations.published(TENANT) == 3
+    assert ctx.index.get(TENANT, old.url).content_sha256 == new.content_sha256  # type: ignore[union-attr]
+    assert seen_hashes(ctx) == {new.content_sha256, other.content_sha256}
+
+
+def test_a_tenant_indexed_before_generations_is_marked_live_once(r: redis.Redis) -> None:
+    store = MemoryVectorStore()
+    ctx = ctx_for(r, store)
+    page = make_page(url="https://s.test/p", text="legacy text", title="legacy")
+    store_page(store, page)
+    ctx.index.touch(TENANT, record_of(page))  # a pointer written by the previous version
+    r.sadd(f"webctx:index:refs:{page.content_sha256}", f"{TENANT} {page.url}")
+    assert ctx.index.generations.published(TENANT) is None
+    assert seen_hashes(ctx) == {page.content_sha256}
+    assert ctx.index.generations.published(TENANT) == 1
+
+
+def test_two_urls_sharing_a_text_keep_it_live_until_both_leave(r: redis.Redis) -> None:
+    store = MemoryVectorStore()
+    ctx = ctx_for(r, store)
+    shared = make_page(url="https://s.test/a", text="shared text", title="shared")
+    store_page(store, shared)
+    for url in ("https://s.test/a", "https://s.test/b"):
+        ctx.index.commit(TENANT, url, store=store, record=record_of(shared, url), grace_s=60)
+    ctx.index.drop(TENANT, "https://s.test/a", store=store, grace_s=60)
+    assert seen_hashes(ctx) == {shared.content_sha256}
+    ctx.index.drop(TENANT, "https://s.test/b", store=store, grace_s=60)
+    assert seen_hashes(ctx) == set()
+
+
+def test_concurrent_commits_are_grouped_and_every_pointer_lands(r: redis.Redis) -> None:
+    store = MemoryVectorStore()
+    ctx = ctx_for(r, store)
+    pages = [make_page(url=f"https://s.test/{i}", text=f"text {i}", title=f"t{i}")
+             for i in range(24)]  # fmt: skip
+    for page in pages:
+        store_page(store, page)
+    barrier = threading.Barrier(8)
+
+    def commit_some(part: list[Page]) -> None:
+        barrier.wait()
+        for page in part:
+            ctx.index.commit(TENANT, page.url, store=store, record=record_of(page), grace_s=60)
+
+    threads = [threading.Thread(target=commit_some, args=(pages[i::8],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(ctx.index.pages(TENANT)) == {p.url for p in pages}
+    assert 1 <= (ctx.index.generations.published(TENANT) or 0) <= 24
+    assert seen_hashes(ctx) == {p.content_sha256 for p in pages}
