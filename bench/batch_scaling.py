@@ -373,24 +373,46 @@ def _cost_table(runs: list[Run]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        s = r.stats
+        s = {k: str(v) for k, v in r.stats.items()}
         rows.append(
-            f"| {r.n} | {r.downloads / r.n:.2f} | {int(s['pages_reused']) / r.n:.2f} | "  # type: ignore[call-overload]
-            f"{int(s['tokens_embedded']) / r.n:.0f} | {s['search_cache_hit_rate']} | "  # type: ignore[call-overload]
+            f"| {r.n} | {r.downloads / r.n:.2f} | {int(s['pages_reused']) / r.n:.2f} | "
+            f"{int(s['tokens_embedded']) / r.n:.0f} | {s['search_cache_hit_rate']} | "
             f"{s['embed_cache_hit_rate']} | {float(s['cost_usd']) / r.n:.6f} |"
-        )  # type: ignore[arg-type]
+        )
     return "\n".join(rows)
 
 
+def _cpu_ceiling(most: Run, one: Run) -> str:
+    """What the CPU per question says about the most a machine this size can do."""
+    if not most.cpu_s:
+        return ""
+    per_q = sum(most.cpu_s.values()) / most.n
+    cores = os.cpu_count() or 1
+    need = 3 * one.per_min / 60 * per_q
+    return (
+        f"At {per_q:.2f} CPU s per question ({most.label}), {cores} cores cap the whole "
+        f"pipeline at about {cores / per_q * 60:.0f} questions/min; 3× the 1-worker rate "
+        f"would take {need:.1f} cores."
+    )
+
+
 def _rss_line(probe: dict[str, float], n: int) -> str:
-    parts = []
+    def growth(a: float, b: float) -> str:
+        return f"{100 * (b / a - 1):+.0f} %" if a else "n/a"
+
+    rows = [
+        f"| process | RSS MB at item 10 | at item {n // 2} | at item {n} | growth 10→{n} | "
+        f"growth {n // 2}→{n} |",
+        "|---|---|---|---|---|---|",
+    ]
     for role, name in (("io", "largest search/fetch process"), ("vec", "embed/rank process")):
-        early, late = probe.get(f"rss10_{role}_mb", 0.0), probe.get(f"rss_end_{role}_mb", 0.0)
-        growth = 100 * (late / early - 1) if early else 0.0
-        parts.append(
-            f"{name} {early:.0f} MB at item 10, {late:.0f} MB at item {n} ({growth:+.0f} %)"
+        early = probe.get(f"rss10_{role}_mb", 0.0)
+        mid, late = probe.get(f"rss_mid_{role}_mb", 0.0), probe.get(f"rss_end_{role}_mb", 0.0)
+        rows.append(
+            f"| {name} | {early:.0f} | {mid:.0f} | {late:.0f} | {growth(early, late)} | "
+            f"{growth(mid, late)} |"
         )
-    return "Worker RSS: " + "; ".join(parts) + " (target ≤ +10 %)."
+    return "Worker RSS (target: growth ≤ +10 %):\n\n" + "\n".join(rows)
 
 
 def main() -> None:
@@ -439,14 +461,17 @@ def main() -> None:
             f"N workers = N search/fetch processes + 1 embed/rank process, {THREADS} threads each; "
             f"a batch keeps {THREADS} items per search/fetch process in flight. Whole run: "
             f"{total_s / 60:.1f} min."
-            + (f" Scaled down: {n} questions instead of 200." if n != 200 else ""),
+            + (f" Scaled down: {n} questions instead of 200." if n != 200 else "")
+            + " Load average at the end: "
+            + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            + f" ({os.cpu_count()} cores).",
             "",
             "### Throughput",
             "",
             _throughput_table(runs),
             "",
             f"{most.label} / {one.label}: {most.per_min / one.per_min:.2f}× the rate "
-            f"(target ≥ 3×).",
+            f"(target ≥ 3×). {_cpu_ceiling(most, one)}",
             "",
             "### Cost as the batch grows",
             "",
