@@ -171,15 +171,16 @@ class Workers:
             time.sleep(0.3)
 
     def rss_mb(self) -> dict[str, float]:
-        """Resident memory by role: the largest search/fetch process, the embed/rank one."""
+        """Resident memory by role: the largest search/fetch process, the embed/rank one,
+        and the embed/rank one's anonymous memory (its heap; file-backed pages are the
+        embedded vector engine's mapped storage)."""
         out = []
         for proc in self.procs:
-            status = Path(f"/proc/{proc.pid}/status").read_text()
-            kb = next(
-                int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")
-            )
-            out.append(kb / 1024)
-        return {"io": max(out[:-1]), "vec": out[-1]}
+            lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            kb = {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines)
+                  if k in ("VmRSS", "RssAnon")}  # fmt: skip
+            out.append((kb["VmRSS"] / 1024, kb["RssAnon"] / 1024))
+        return {"io": max(rss for rss, _ in out[:-1]), "vec": out[-1][0], "vec_anon": out[-1][1]}
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds (user + system) so far by role: all search/fetch processes, embed/rank."""
@@ -405,7 +406,9 @@ def _rss_line(probe: dict[str, float], n: int) -> str:
         f"growth {n // 2}→{n} |",
         "|---|---|---|---|---|---|",
     ]
-    for role, name in (("io", "largest search/fetch process"), ("vec", "embed/rank process")):
+    roles = (("io", "largest search/fetch process"), ("vec", "embed/rank process"),
+             ("vec_anon", "embed/rank process, anonymous memory only"))  # fmt: skip
+    for role, name in roles:
         early = probe.get(f"rss10_{role}_mb", 0.0)
         mid, late = probe.get(f"rss_mid_{role}_mb", 0.0), probe.get(f"rss_end_{role}_mb", 0.0)
         rows.append(
