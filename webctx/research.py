@@ -95,23 +95,19 @@ def candidate_limit(top_k: int, pages: int) -> int:
     return max(top_k * 10, pages * 128, 100)
 
 
-def answer_question(
+def retrieve_candidates(
     *,
-    job_id: str,
     question: str,
-    queries: Sequence[str],
     pages: Mapping[str, Page],
-    failures: Sequence[Failure],
     stats: BundleStats,
     embedder: Embedder,
     store: VectorStore,
     top_k: int,
-    token_budget: int,
     embedding: EmbedSettings,
     cache: RedisEmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
-) -> Bundle:
-    """Embed the question, retrieve the job's chunks, fuse cosine and BM25 ranks, pack, cite."""
+) -> list[ScoredChunk]:
+    """Embed the question, pull the job's nearest chunks, fuse cosine and BM25 ranks."""
     outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
     stats.embed_requests += outcome.requests
     stats.tokens_embedded += outcome.tokens
@@ -130,7 +126,30 @@ def answer_question(
         for c in found
         if c.chunk.content_sha256 in pages
     ]
-    candidates = fuse_lexical(question, candidates)
+    return fuse_lexical(question, candidates)
+
+
+def answer_question(
+    *,
+    job_id: str,
+    question: str,
+    queries: Sequence[str],
+    pages: Mapping[str, Page],
+    failures: Sequence[Failure],
+    stats: BundleStats,
+    embedder: Embedder,
+    store: VectorStore,
+    top_k: int,
+    token_budget: int,
+    embedding: EmbedSettings,
+    cache: RedisEmbeddingCache | None = None,
+    limiter: RedisRateLimiter | None = None,
+) -> Bundle:
+    """Retrieve and fuse the job's chunks (`retrieve_candidates`), pack them, cite."""
+    candidates = retrieve_candidates(
+        question=question, pages=pages, stats=stats, embedder=embedder, store=store,
+        top_k=top_k, embedding=embedding, cache=cache, limiter=limiter,
+    )  # fmt: skip
     ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget)
     return build_bundle(
         job_id=job_id,

@@ -118,6 +118,37 @@ def test_per_source_cap_is_relaxed_when_nothing_else_is_left() -> None:
     assert _texts(ranked) == ["A0", "A1", "A2", "B0"]
 
 
+def test_default_has_no_per_source_cap_so_a_strong_source_keeps_its_chunks() -> None:
+    # bench/answer_recall.py: with a cap of 3, the fourth passage of the page holding the
+    # answer waited behind every other page's weakest chunks (1,000 tokens: 0.905 -> 0.965).
+    candidates = [
+        make_scored(f"A{i}", score=0.9 - i / 100, url="https://a.example", vector=one_hot(i))
+        for i in range(5)
+    ] + [
+        make_scored(f"B{i}", score=0.1 - i / 100, url="https://b.example", vector=one_hot(10 + i))
+        for i in range(3)
+    ]
+    ranked = rank_chunks(candidates, top_k=5, token_budget=1000)
+    assert _texts(ranked) == ["A0", "A1", "A2", "A3", "A4"]
+
+
+def test_budget_binds_before_top_k_and_is_never_exceeded_without_a_cap() -> None:
+    candidates = [
+        make_scored(f"C{i}", score=1 - i / 100, tokens=64, url="https://a.example",
+                    vector=one_hot(i))  # fmt: skip
+        for i in range(40)
+    ]
+    for budget in (63, 64, 250, 500, 1000):
+        ranked = rank_chunks(candidates, top_k=200, token_budget=budget, per_source_cap=None)
+        assert sum(s.chunk.tokens for s in ranked) <= budget
+        assert len(ranked) == min(budget // 64, 40)
+
+
+def test_per_source_cap_must_be_positive_or_none() -> None:
+    with pytest.raises(ValueError, match="per_source_cap"):
+        rank_chunks([make_scored()], top_k=1, token_budget=100, per_source_cap=0)
+
+
 def test_top_k_limits_the_selection_to_the_best() -> None:
     candidates = [
         make_scored(f"T{i}", score=i / 10, url=f"https://{i}.example", vector=one_hot(i))
@@ -154,6 +185,13 @@ def test_fuse_ranks_adds_reciprocal_ranks_and_ties_share_a_rank() -> None:
     assert fuse_ranks([]) == []
 
 
+def test_fuse_ranks_weights_each_list() -> None:
+    fused = fuse_ranks([[0.9, 0.5], [0.1, 0.7]], k=10, weights=[1.0, 0.5])
+    assert fused == pytest.approx([1 / 11 + 0.5 / 12, 1 / 12 + 0.5 / 11])
+    with pytest.raises(ValueError, match="weight"):
+        fuse_ranks([[1.0], [1.0]], weights=[1.0])
+
+
 def test_fusion_lifts_the_chunk_that_spells_out_the_questions_terms() -> None:
     # Dense ranks the paraphrase first; the exact-term chunk is second by cosine but first
     # by BM25, and fusion puts it on top: at a tight budget it is the one kept.
@@ -163,8 +201,13 @@ def test_fusion_lifts_the_chunk_that_spells_out_the_questions_terms() -> None:
     exact = make_scored("Fermat stated the last theorem in the year 1637.", score=0.78,
                         tokens=10, url="https://b.example", vector=one_hot(1))  # fmt: skip
     filler = [
-        make_scored(f"Unrelated passage {i} about the year of cooking.", score=0.5 - i / 100,
-                    tokens=10, url=f"https://c{i}.example", vector=one_hot(2 + i))  # fmt: skip
+        make_scored(
+            f"Unrelated passage {i} about the year of cooking.",
+            score=0.5 - i / 100,
+            tokens=10,
+            url=f"https://c{i}.example",
+            vector=one_hot(2 + i),
+        )  # fmt: skip
         for i in range(3)
     ]
     fused = fuse_lexical(question, [paraphrase, exact, *filler])

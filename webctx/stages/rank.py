@@ -3,9 +3,10 @@
 Selection is one greedy loop over candidates in score order. A candidate is refused when it
 repeats a selected chunk (same normalised text, or near-identical vector: the same text on
 several sites counts once), overlaps a selected chunk of the same page (overlap windows), or
-would push the token sum past the budget. Sources over `per_source_cap` are deferred and
-considered again only once every other candidate has been tried. MMR can later replace
-`_by_score` with an order that also penalises similarity to the selected set.
+would push the token sum past the budget. There is no per-source cap by default: with one
+(3 or 8), a source's further chunks were deferred until every other candidate had been
+tried, so the page holding the answer lost its 4th passage to other pages' weakest chunks
+(bench/answer_recall.py, docs/benchmarks.md). A cap, when given, still works that way.
 
 Scores are cosine similarities, or, after `fuse_lexical`, reciprocal-rank fusions of cosine
 and BM25 ranks (what `answer_question` passes in).
@@ -25,8 +26,14 @@ from webctx.models import ScoredChunk
 
 _Vector = npt.NDArray[np.float64]
 _WORD = re.compile(r"\w+", re.UNICODE)
-RRF_K = 60
-"""Reciprocal-rank-fusion constant (Cormack et al. 2009): rank r adds 1 / (RRF_K + r)."""
+RRF_K = 30
+"""Reciprocal-rank-fusion constant (Cormack et al. 2009): rank r adds 1 / (RRF_K + r).
+30, not the paper's 60: at least as good at every budget on both seeds of
+bench/answer_recall.py, and better at 250 and 500 tokens (docs/benchmarks.md)."""
+PER_SOURCE_CAP: int | None = None
+"""Chunks per source before other sources' chunks go first (None: no cap)."""
+DEDUP_THRESHOLD = 0.95
+"""Cosine of two chunk vectors at or above which the lower-scored one is a duplicate."""
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -62,22 +69,30 @@ def bm25_scores(
     return scores
 
 
-def fuse_ranks(score_lists: Sequence[Sequence[float]], *, k: int = RRF_K) -> list[float]:
+def fuse_ranks(
+    score_lists: Sequence[Sequence[float]],
+    *,
+    k: int = RRF_K,
+    weights: Sequence[float] | None = None,
+) -> list[float]:
     """Reciprocal rank fusion of several scorings of the same items (higher is better).
 
     Each list ranks the items by its own score (ties share the better rank); an item's
-    fused score is the sum of 1 / (k + rank) over the lists, rank 1 being the best.
+    fused score is the sum of weight / (k + rank) over the lists, rank 1 being the best.
     """
     if not score_lists:
         return []
+    weights = [1.0] * len(score_lists) if weights is None else weights
+    if len(weights) != len(score_lists):
+        raise ValueError("one weight per score list")
     fused = [0.0] * len(score_lists[0])
-    for scores in score_lists:
+    for scores, weight in zip(score_lists, weights, strict=True):
         order = sorted(range(len(scores)), key=lambda i: -scores[i])
         rank = 0
         for position, i in enumerate(order):
             if position == 0 or scores[i] != scores[order[position - 1]]:
                 rank = position + 1
-            fused[i] += 1.0 / (k + rank)
+            fused[i] += weight / (k + rank)
     return fused
 
 
@@ -100,11 +115,13 @@ def rank_chunks(
     *,
     top_k: int,
     token_budget: int,
-    per_source_cap: int = 3,
-    dedup_threshold: float = 0.95,
+    per_source_cap: int | None = PER_SOURCE_CAP,
+    dedup_threshold: float = DEDUP_THRESHOLD,
 ) -> list[ScoredChunk]:
-    """Best distinct chunks by score, at most `top_k`, whose tokens sum within `token_budget`."""
-    if per_source_cap < 1:
+    """Best distinct chunks by score, at most `top_k`, whose tokens sum within `token_budget`.
+
+    `per_source_cap` None: no cap, score order alone decides."""
+    if per_source_cap is not None and per_source_cap < 1:
         raise ValueError("per_source_cap must be at least 1")
     picker = _Picker(top_k=top_k, token_budget=token_budget, dedup_threshold=dedup_threshold)
     per_source: Counter[str] = Counter()
@@ -112,7 +129,7 @@ def rank_chunks(
     for candidate in _by_score(candidates):
         if picker.full():
             break
-        if per_source[candidate.url] >= per_source_cap:
+        if per_source_cap is not None and per_source[candidate.url] >= per_source_cap:
             deferred.append(candidate)
         elif picker.offer(candidate):
             per_source[candidate.url] += 1
@@ -158,15 +175,13 @@ class _Picker:
     def offer(self, candidate: ScoredChunk) -> bool:
         """Take `candidate` if it fits and repeats nothing selected; report whether it was."""
         chunk = candidate.chunk
+        if self.full() or chunk.tokens > self.budget_left:
+            return False
         text = _normalise(chunk.text)
-        unit = _unit(candidate.vector)
-        if (
-            self.full()
-            or chunk.tokens > self.budget_left
-            or text in self._texts
-            or self._overlaps(chunk.content_sha256, chunk.start, chunk.end)
-            or self._near_duplicate(unit)
-        ):
+        if text in self._texts or self._overlaps(chunk.content_sha256, chunk.start, chunk.end):
+            return False
+        unit = _unit(candidate.vector)  # the costly check last
+        if self._near_duplicate(unit):
             return False
         self.selected.append(candidate)
         self.budget_left -= chunk.tokens
