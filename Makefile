@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test check bench bench-quality
+.PHONY: install demo test check bench bench-quality bench-batch
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,15 @@ bench: install
 	$(PY) bench/vector_store.py --write
 	$(PY) bench/pipeline_job.py --write
 
-# Extraction F1/speed, answer recall per budget and citation checks (issue #11); vectors
-# are cached in bench/out/, so only the first run embeds the QA pages.
+# Batch throughput by worker count, cost per question as a batch grows, fairness and worker
+# memory on the QA web (issue #12); uses Redis db 14 ($$WEBCTX_BENCH_REDIS_URL), flushed.
+bench-batch: install
+	bash scripts/ensure-redis
+	$(PY) bench/batch_scaling.py --write
+
+# Extraction F1/speed, answer recall per budget on two seeds with ranking variants, and
+# citation checks (issue #11). A fresh clone embeds every QA page once with MiniLM (the
+# bulk of the run); vectors are cached in bench/out/, so later runs skip that.
 bench-quality: install
-	$(PY) bench/extraction.py --write
-	$(PY) bench/answer_recall.py --write
+	$(PY) bench/extraction.py --variants --repeat 2 --write
+	$(PY) bench/answer_recall.py --variants --write

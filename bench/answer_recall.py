@@ -3,26 +3,34 @@
 The QA web (bench/qa_web.py) serves SQuAD pages (shared/data/qa) as HTML, a
 SearxNG-compatible BM25 search over them and an OpenAI-compatible embeddings endpoint
 backed by all-MiniLM-L6-v2. For each sampled question webctx's stage functions run in
-process, as the Celery tasks call them: `plan_queries` -> `search_query` (SearxngSearch
-over HTTP) -> `merge_results`, first `max_sources` URLs -> `fetch_page` (HttpxFetcher
-over HTTP + trafilatura) -> `index_page` (chunk, embed through the OpenAI client, store
-in a MemoryVectorStore) -> `answer_question` (rank, bundle). Each URL is fetched and each
-page indexed once (the pipeline reuses stored points by id in the same way).
+process, as the Celery tasks call them (the Celery layer itself does not run):
+`plan_queries` -> `search_query` (SearxngSearch over HTTP) -> `merge_results`, first
+`max_sources` URLs -> `fetch_page` (HttpxFetcher over HTTP + trafilatura) -> `index_page`
+(chunk, embed through the OpenAI client, store in a MemoryVectorStore) -> the two steps of
+`answer_question`: `retrieve_candidates` once per question, `rank_chunks` + `build_bundle`
+once per budget. Each URL is fetched and each page indexed once for all seeds (the
+pipeline reuses stored points by id in the same way).
 
 A question is a hit at a budget when a normalised answer string (whitespace-collapsed,
 case-folded) is a substring of the normalised bundle text. Same jobs, same pages, same
 embeddings for every system:
 
-- webctx: `answer_question` with the default ChunkSettings, top_k 200 (the budget binds).
+- webctx: the default ChunkSettings and ranking, top_k 200 (the budget binds).
 - (a) dense: fixed 500-character chunks, cosine, top chunks until the budget.
 - (b) BM25: BM25 of the question over the same 500-character chunks.
 - floor: webctx with the hashed embedder (lexical, no model).
 - ceiling: the answer anywhere in the extracted text of the job's pages.
+- variants (`--variants`): other chunkings and ranking rules (bench/quality_baselines.py).
+
+Seeds draw disjoint samples: each from the questions earlier seeds left.
 
 Citations: every bundle chunk must equal `page.text[start:end]` of its source and appear
 verbatim (whitespace-normalised) in the HTML as served.
 
-    .venv/bin/python bench/answer_recall.py [--questions 200] [--seed 0] [--variants] [--write]
+    .venv/bin/python bench/answer_recall.py [--questions 200] [--seeds 0,1]
+        [--variants [NAME ...|all]] [--no-floor] [--write]
+
+Vectors are cached in bench/out/ ($WEBCTX_BENCH_OUT to use another folder).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import argparse
 import random
 import sys
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,11 +61,12 @@ from bench.qa_web import (  # noqa: E402
     visible_text,
 )  # noqa: E402
 from bench.quality_baselines import (  # noqa: E402
-    EMBED_CAPS,
     ChunkIndex,
+    JobView,
     Ranking,
     bm25_baseline,
     dense_baseline,
+    embed_all,
     fixed_chunks,
     token_chunker,
     variant_select,
@@ -70,12 +80,12 @@ from webctx.errors import FetchError  # noqa: E402
 from webctx.models import Bundle, BundleStats, Failure, Page  # noqa: E402
 from webctx.netguard import AddressPolicy  # noqa: E402
 from webctx.ports import Embedder  # noqa: E402
-from webctx.research import answer_question, index_page  # noqa: E402
+from webctx.research import index_page, retrieve_candidates  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings  # noqa: E402
-from webctx.stages.bundle import validate_offsets  # noqa: E402
-from webctx.stages.embed import embed_texts  # noqa: E402
+from webctx.stages.bundle import build_bundle, validate_offsets  # noqa: E402
 from webctx.stages.fetch import fetch_page  # noqa: E402
 from webctx.stages.plan import plan_queries  # noqa: E402
+from webctx.stages.rank import rank_chunks  # noqa: E402
 from webctx.stages.search import merge_results, search_query  # noqa: E402
 
 BUDGETS = (250, 500, 1000, 2000, 4000)
@@ -121,7 +131,8 @@ def build_jobs(web: QAWeb, questions: Sequence[Question]) -> list[Job]:
         queries = plan_queries(question.question, max_queries=MAX_QUERIES)
         limit = max(RESULTS_PER_QUERY, MAX_SOURCES)
         merged = merge_results([search_query(search, q, limit=limit) for q in queries])
-        pages, failures = [], []
+        pages: list[Page] = []
+        failures: list[Failure] = []
         for result in merged[:MAX_SOURCES]:
             if result.url not in fetched:
                 try:
@@ -129,34 +140,45 @@ def build_jobs(web: QAWeb, questions: Sequence[Question]) -> list[Job]:
                 except FetchError as exc:
                     fetched[result.url] = Failure(url=result.url, stage="fetch", error=str(exc))
             got = fetched[result.url]
-            (pages if isinstance(got, Page) else failures).append(got)
+            if isinstance(got, Page):
+                pages.append(got)
+            else:
+                failures.append(got)
         jobs.append(Job(question, queries, pages, failures))
     fetcher.close()
     return jobs
 
 
+def index_pages(jobs: Sequence[Job], embedder: Embedder) -> MemoryVectorStore:
+    """Index every distinct page of the jobs once, as the embed task does (index_page)."""
+    store = MemoryVectorStore()
+    pages = {p.content_sha256: p for j in jobs for p in j.pages}
+    for page in pages.values():
+        index_page(page, embedder=embedder, store=store, chunking=ChunkSettings(),
+                   embedding=EmbedSettings())  # fmt: skip
+    return store
+
+
 def run_webctx(
     jobs: Sequence[Job],
     embedder: Embedder,
+    store: MemoryVectorStore,
     tally: Tally,
     check: Callable[[Job, Bundle], None] | None,
 ) -> None:
-    """Index every page once, then answer every job at every budget with answer_question."""
-    store = MemoryVectorStore()
-    seen: set[str] = set()
-    for job in jobs:
-        for page in job.pages:
-            if page.content_sha256 not in seen:
-                seen.add(page.content_sha256)
-                index_page(page, embedder=embedder, store=store, chunking=ChunkSettings(),
-                           embedding=EmbedSettings())  # fmt: skip
+    """Answer every job at every budget: answer_question's retrieval (question embedding,
+    search, BM25 fusion) once per job, its packing and bundle once per budget."""
     for n, job in enumerate(jobs):
+        pages = {p.content_sha256: p for p in job.pages}
+        candidates = retrieve_candidates(
+            question=job.question.question, pages=pages, stats=BundleStats(),
+            embedder=embedder, store=store, top_k=TOP_K, embedding=EmbedSettings(),
+        )  # fmt: skip
         for budget in BUDGETS:
-            bundle = answer_question(
+            ranked = rank_chunks(candidates, top_k=TOP_K, token_budget=budget)
+            bundle = build_bundle(
                 job_id=f"bench-{n}", question=job.question.question, queries=job.queries,
-                pages={p.content_sha256: p for p in job.pages}, failures=job.failures,
-                stats=BundleStats(), embedder=embedder, store=store, top_k=TOP_K,
-                token_budget=budget, embedding=EmbedSettings(),
+                pages=pages, ranked=ranked, failures=job.failures, stats=BundleStats(),
             )  # fmt: skip
             tally.add(budget, job, [c.text for c in bundle.chunks], bundle.stats.bundle_tokens)
             if check is not None:
@@ -165,13 +187,19 @@ def run_webctx(
 
 @dataclass
 class Citations:
-    """Bundle chunks checked against their source text and the served HTML."""
+    """Bundle chunks checked against their source text and the served HTML.
+
+    `verbatim` compares with the page's text as served; `visible` also drops invisible
+    format characters (Unicode Cf: U+200B, U+200E, U+FEFF, soft hyphen), which trafilatura
+    strips while extracting and a browser does not draw."""
 
     web: QAWeb
     chunks: int = 0
     exact: int = 0
     verbatim: int = 0
-    _served: dict[str, str] = field(default_factory=dict)
+    visible: int = 0
+    missing: list[str] = field(default_factory=list)
+    _served: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def __call__(self, job: Job, bundle: Bundle) -> None:
         pages = {p.content_sha256: p for p in job.pages}
@@ -182,90 +210,253 @@ class Citations:
         for chunk in bundle.chunks:
             url = by_id[chunk.source].final_url
             if url not in self._served:
-                self._served[url] = visible_text(self.web.served.get(url, ""))
-            self.verbatim += normalize(chunk.text) in self._served[url]
+                served = visible_text(self.web.served.get(url, ""))
+                self._served[url] = (served, normalize(drop_format_chars(served)))
+            quote = normalize(chunk.text)
+            self.verbatim += quote in self._served[url][0]
+            seen = quote in self._served[url][1]
+            self.visible += seen
+            if not seen:
+                self.missing.append(chunk.text)
+
+
+def drop_format_chars(text: str) -> str:
+    """`text` without Unicode format characters (category Cf), which are not drawn."""
+    return "".join(c for c in text if unicodedata.category(c) != "Cf")
 
 
 def question_vectors(jobs: Sequence[Job], embedder: Embedder) -> None:
     """Embed every question once (through the same endpoint)."""
-    out = embed_texts([j.question.question for j in jobs], embedder, **EMBED_CAPS).vectors
+    out = embed_all([j.question.question for j in jobs], embedder)
     for job, vec in zip(jobs, out, strict=True):
         v = np.asarray(vec)
         job.qvec = v / (np.linalg.norm(v) or 1.0)
 
 
-def run_baselines(jobs: Sequence[Job], embedder: Embedder, dense: Tally, lexical: Tally) -> None:
+def run_baselines(jobs: Sequence[Job], index: ChunkIndex, dense: Tally, lexical: Tally) -> None:
     """Baselines (a) and (b) over fixed 500-character chunks."""
-    index = ChunkIndex(fixed_chunks, embedder)
-    index.add([p for j in jobs for p in j.pages])
     for job in jobs:
         assert job.qvec is not None
+        view = index.view(job.pages, job.question.question, job.qvec)
         for budget in BUDGETS:
-            a = dense_baseline(index, job.pages, job.qvec, budget)
+            a = dense_baseline(view, budget)
             dense.add(budget, job, [c.text for c in a], sum(c.tokens for c in a))
-            b = bm25_baseline(index, job.pages, job.question.question, budget)
+            b = bm25_baseline(view, budget)
             lexical.add(budget, job, [c.text for c in b], sum(c.tokens for c in b))
 
 
-VARIANTS: dict[str, tuple[int, int, bool, Ranking]] = {
-    # name: (max_tokens, overlap_tokens, title prefix, ranking)
-    "256/32 cosine (defaults before #11)": (256, 32, False, Ranking(fusion=False)),
-    "128/16 cosine": (128, 16, False, Ranking(fusion=False)),
-    "64/0 cosine": (64, 0, False, Ranking(fusion=False)),
-    "128/16 RRF": (128, 16, False, Ranking()),
-    "64/0 RRF": (64, 0, False, Ranking()),
-    "64/0 RRF k=20": (64, 0, False, Ranking(rrf_k=20)),
-    "64/0 RRF, pool 100": (64, 0, False, Ranking(pool=100)),
-    "64/0 RRF, cap 8": (64, 0, False, Ranking(per_source_cap=8)),
-    "64/0 RRF, title prefix": (64, 0, True, Ranking()),
+@dataclass(frozen=True)
+class Variant:
+    """A chunking (max tokens, overlap, title prefix) and a ranking rule."""
+
+    max_tokens: int = 64
+    overlap: int = 0
+    title_prefix: bool = False
+    ranking: Ranking = Ranking()
+
+
+# Ranking rules over the shipped chunking: cheap (no new embeddings), run by `--variants`.
+RANKING_VARIANTS: dict[str, Variant] = {
+    "64/0 cosine only, no cap": Variant(ranking=Ranking(fusion=False)),
+    "64/0 RRF k=60, cap 3 (webctx before this change)": Variant(
+        ranking=Ranking(rrf_k=60, per_source_cap=3)),
+    "64/0 RRF k=60, cap 8": Variant(ranking=Ranking(rrf_k=60, per_source_cap=8)),
+    "64/0 RRF k=60, no cap": Variant(ranking=Ranking(rrf_k=60)),
+    "64/0 RRF k=20, no cap": Variant(ranking=Ranking(rrf_k=20)),
+    "64/0 RRF k=30, no cap (webctx)": Variant(),
 }
+# Chunkings: each embeds every page again (minutes of CPU), run by name or `all`.
+CHUNKING_VARIANTS: dict[str, Variant] = {
+    "256/32 cosine, cap 3 (defaults before #11)": Variant(256, 32, ranking=Ranking(
+        fusion=False, per_source_cap=3)),
+    "128/0 RRF, no cap": Variant(128, 0),
+    "32/0 RRF, no cap": Variant(32, 0),
+    "64/0 title-prefixed embedding input, RRF k=30, no cap": Variant(title_prefix=True),
+}
+VARIANTS = {**RANKING_VARIANTS, **CHUNKING_VARIANTS}
 
 
-def run_variants(jobs: Sequence[Job], embedder: Embedder, names: Sequence[str]) -> dict[str, Tally]:
-    """Candidate chunking and ranking rules over the same jobs."""
+def run_variants(
+    jobs: Sequence[Job], embedder: Embedder, names: Sequence[str],
+    indexes: dict[tuple[int, int, bool], ChunkIndex],
+) -> dict[str, Tally]:  # fmt: skip
+    """Candidate chunking and ranking rules over the same jobs (indexes shared by seeds)."""
     out: dict[str, Tally] = {}
-    indexes: dict[tuple[int, int, bool], ChunkIndex] = {}
+    views: dict[tuple[int, int, bool], list[JobView]] = {}
     for name in names:
-        size, overlap, prefix, ranking = VARIANTS[name]
-        key = (size, overlap, prefix)
+        variant = VARIANTS[name]
+        key = (variant.max_tokens, variant.overlap, variant.title_prefix)
         if key not in indexes:
-            indexes[key] = ChunkIndex(token_chunker(size, overlap), embedder, title_prefix=prefix)
+            indexes[key] = ChunkIndex(token_chunker(key[0], key[1]), embedder, title_prefix=key[2])
+        if key not in views:
             started = time.perf_counter()
             indexes[key].add([p for j in jobs for p in j.pages])
+            views[key] = [index_view(indexes[key], job) for job in jobs]
             print(f"  indexed {key} in {time.perf_counter() - started:.0f}s", flush=True)  # noqa: T201
         tally = out[name] = Tally()
-        for job in jobs:
-            assert job.qvec is not None
-            picks = variant_select(
-                indexes[key], job.pages, job.question.question, job.qvec, BUDGETS, ranking
-            )
+        for job, view in zip(jobs, views[key], strict=True):
+            picks = variant_select(view, BUDGETS, variant.ranking)
             for budget, chunks in zip(BUDGETS, picks, strict=True):
                 tally.add(budget, job, [c.text for c in chunks], sum(c.tokens for c in chunks))
         print(f"  {name}: {_cells(tally, len(jobs))}", flush=True)  # noqa: T201
     return out
 
 
+def index_view(index: ChunkIndex, job: Job) -> JobView:
+    """The job's chunks under `index`, scored for its question."""
+    assert job.qvec is not None
+    return index.view(job.pages, job.question.question, job.qvec)
+
+
 def _cells(tally: Tally, n: int) -> str:
     return " | ".join(f"{tally.hits.get(b, 0) / n:.3f}" for b in BUDGETS)
 
 
-def _table(rows: dict[str, Tally], n: int, ceiling: float) -> str:
+def _table(rows: dict[str, Tally], n: int, ceiling: float | None) -> str:
     head = "| system | " + " | ".join(f"{b} tok" for b in BUDGETS) + " | over budget |"
     lines = [head, "|---|" + "---:|" * (len(BUDGETS) + 1)]
     for name, tally in rows.items():
         lines.append(f"| {name} | {_cells(tally, n)} | {tally.over_budget} |")
-    lines.append("| ceiling (answer in fetched pages) | " + " | ".join(
-        f"{ceiling:.3f}" for _ in BUDGETS) + " | |")  # fmt: skip
+    if ceiling is not None:
+        lines.append("| ceiling (answer in fetched pages) | " + " | ".join(
+            f"{ceiling:.3f}" for _ in BUDGETS) + " | |")  # fmt: skip
     return "\n".join(lines)
+
+
+def draw_samples(
+    questions: Sequence[Question], seeds: Sequence[int], n: int
+) -> dict[int, list[Question]]:
+    """`n` questions per seed; each seed draws from the questions earlier seeds left, so
+    the samples are disjoint (the first is `random.Random(seed).sample(questions, n)`)."""
+    left = list(questions)
+    out: dict[int, list[Question]] = {}
+    for seed in seeds:
+        out[seed] = random.Random(seed).sample(left, min(n, len(left)))
+        taken = {q.id for q in out[seed]}
+        left = [q for q in left if q.id not in taken]
+    return out
+
+
+@dataclass
+class SeedRun:
+    """One seed's jobs and its systems' tallies."""
+
+    jobs: list[Job]
+    rows: dict[str, Tally] = field(default_factory=dict)
+    variants: dict[str, Tally] = field(default_factory=dict)
+
+    @property
+    def ceiling(self) -> float:
+        """Share of questions whose answer is in the extracted text of the fetched pages."""
+        return sum(hit(j.question, [p.text for p in j.pages]) for j in self.jobs) / len(self.jobs)
+
+
+class Clock:
+    """Wall seconds per phase, printed as they end."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self.last
+        self.last = now
+        print(f"{phase}: {now - self.started:.0f}s", flush=True)  # noqa: T201
+
+    def total(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def measure(
+    web: QAWeb, samples: dict[int, list[Question]], args: argparse.Namespace, clock: Clock
+) -> dict[int, SeedRun]:
+    """Every system on every seed's jobs; pages are chunked and embedded once for all."""
+    embedder = OpenAIEmbedder(base_url=web.embeddings.url + "/v1", api_key="bench", model=MODEL)
+    runs = {seed: SeedRun(build_jobs(web, qs)) for seed, qs in samples.items()}
+    all_jobs = [j for run in runs.values() for j in run.jobs]
+    question_vectors(all_jobs, embedder)
+    clock.lap("plan, search, fetch")
+    store = index_pages(all_jobs, embedder)
+    clock.lap("webctx: chunk, embed, store")
+    fixed = ChunkIndex(fixed_chunks, embedder)
+    fixed.add([p for j in all_jobs for p in j.pages])
+    clock.lap("baselines: chunk, embed")
+    indexes: dict[tuple[int, int, bool], ChunkIndex] = {}
+    hashed, hashed_store = HashEmbedder(), None
+    for seed, run in runs.items():
+        check = args.citations if seed == min(runs) else None
+        run.rows["webctx"] = Tally()
+        run_webctx(run.jobs, embedder, store, run.rows["webctx"], check)
+        print(f"seed {seed} webctx: {_cells(run.rows['webctx'], len(run.jobs))}")  # noqa: T201
+        clock.lap("webctx: rank, bundle")
+        dense, lexical = Tally(), Tally()
+        run.rows["(a) 500-char chunks, cosine"] = dense
+        run.rows["(b) 500-char chunks, BM25"] = lexical
+        run_baselines(run.jobs, fixed, dense, lexical)
+        clock.lap("baselines: rank")
+        if not args.no_floor:
+            if hashed_store is None:
+                hashed_store = index_pages(all_jobs, hashed)
+            floor = run.rows["floor: webctx, hashed embedder"] = Tally()
+            run_webctx(run.jobs, hashed, hashed_store, floor, None)
+            clock.lap("floor")
+        if args.variants is not None:
+            names = (list(RANKING_VARIANTS) if args.variants == [] else
+                     list(VARIANTS) if args.variants == ["all"] else args.variants)  # fmt: skip
+            print(f"seed {seed} variants:", flush=True)  # noqa: T201
+            run.variants = run_variants(run.jobs, embedder, names, indexes)
+            clock.lap("variants")
+    return runs
+
+
+def report(runs: dict[int, SeedRun], citations: Citations, clock: Clock, web: QAWeb) -> str:
+    """The docs section: method, one table per seed, citations, run time, variants."""
+    first = runs[min(runs)]
+    n = len(first.jobs)
+    seeds = ", ".join(str(s) for s in runs)
+    text = (
+        f"{n} questions of shared/data/qa (SQuAD v1.1 train pages, dev split) per seed, seeds "
+        f"{seeds} (disjoint samples: each seed draws from the questions earlier seeds left); "
+        f"max_sources {MAX_SOURCES}, top_k {TOP_K}, embeddings {MODEL} via the loopback "
+        "OpenAI-compatible endpoint. What runs is the pipeline's stage functions in process, "
+        "in the order the Celery tasks call them (not the Celery layer): `plan_queries`, "
+        "`search_query` over HTTP, `merge_results`, `fetch_page` over HTTP, `index_page` "
+        "(chunk, embed, store in a MemoryVectorStore) once per distinct page, then "
+        "`retrieve_candidates` once per question and `rank_chunks` + `build_bundle` once per "
+        "budget (`answer_question` is exactly these two steps). Share of questions whose bundle "
+        "contains an answer string, per token budget (cl100k of chunk texts). The hashed "
+        "embedder row is a floor (lexical only, no model), not a result.\n"
+    )
+    for seed, run in runs.items():
+        text += f"\nSeed {seed}:\n\n" + _table(run.rows, len(run.jobs), run.ceiling) + "\n"
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in clock.phases.items())
+    text += (
+        f"\nCitations (seed {min(runs)}, every chunk of every bundle): "
+        f"{citations.exact}/{citations.chunks} equal source_text[start:end]; "
+        f"{citations.verbatim}/{citations.chunks} appear verbatim (whitespace-normalised) in "
+        f"the page as served, {citations.visible}/{citations.chunks} once invisible format "
+        "characters (Unicode Cf: U+200B, U+200E, U+FEFF) are dropped from the served page: "
+        "trafilatura removes them while extracting, so a chunk around one differs from the "
+        "served text only by a character a browser does not draw. Failed fetches: "
+        f"{sum(len(j.failures) for r in runs.values() for j in r.jobs)}. Run time "
+        f"{clock.total():.0f} s ({web.embedder.computed} texts embedded, the rest from the "
+        f"bench/out/ cache): {phases}."
+    )
+    if first.variants:
+        text += "\n\n### Variants\n\nChunk max/overlap tokens and ranking, same jobs and pages."
+        for seed, run in runs.items():
+            text += f"\n\nSeed {seed}:\n\n" + _table(run.variants, len(run.jobs), None)
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--questions", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variants", nargs="*", help="score ranking variants (names, or all)")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated; samples are disjoint")
+    parser.add_argument("--variants", nargs="*",
+                        help="variants: none named = ranking ones; names; all")  # fmt: skip
     parser.add_argument("--no-floor", action="store_true", help="skip the hashed-embedder floor")
-    parser.add_argument("--no-webctx", action="store_true", help="baselines and variants only")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     loaded = load_qa(data_dir() / "qa")
@@ -273,60 +464,19 @@ def main() -> None:
         print(f"no QA data at {data_dir() / 'qa'}: nothing to measure")  # noqa: T201
         return
     docs, all_questions = loaded
-    questions = random.Random(args.seed).sample(
-        all_questions, min(args.questions, len(all_questions))
-    )
-    started = time.perf_counter()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    samples = draw_samples(all_questions, seeds, args.questions)
+    clock = Clock()
     web = start_qa_web(docs)
     try:
-        embedder = OpenAIEmbedder(base_url=web.embeddings.url + "/v1", api_key="bench", model=MODEL)
-        jobs = build_jobs(web, questions)
-        print(f"jobs built in {time.perf_counter() - started:.0f}s", flush=True)  # noqa: T201
-        question_vectors(jobs, embedder)
-        n = len(jobs)
-        ceiling = sum(hit(j.question, [p.text for p in j.pages]) for j in jobs) / n
-        rows: dict[str, Tally] = {}
-        citations = Citations(web)
-        if not args.no_webctx:
-            rows["webctx"] = Tally()
-            run_webctx(jobs, embedder, rows["webctx"], citations)
-            print(
-                f"webctx: {_cells(rows['webctx'], n)}  ({time.perf_counter() - started:.0f}s)",
-                flush=True,
-            )  # noqa: T201
-        rows["(a) 500-char chunks, cosine"], rows["(b) 500-char chunks, BM25"] = Tally(), Tally()
-        run_baselines(jobs, embedder, rows["(a) 500-char chunks, cosine"],
-                      rows["(b) 500-char chunks, BM25"])  # fmt: skip
-        print(f"(a): {_cells(rows['(a) 500-char chunks, cosine'], n)}", flush=True)  # noqa: T201
-        print(f"(b): {_cells(rows['(b) 500-char chunks, BM25'], n)}", flush=True)  # noqa: T201
-        if not args.no_floor:
-            rows["floor: webctx, hashed embedder"] = Tally()
-            run_webctx(jobs, HashEmbedder(), rows["floor: webctx, hashed embedder"], None)
-        variants = {}
-        if args.variants is not None:
-            names = list(VARIANTS) if args.variants in ([], ["all"]) else args.variants
-            variants = run_variants(jobs, embedder, names)
+        args.citations = Citations(web)
+        runs = measure(web, samples, args, clock)
     finally:
         web.stop()
-    elapsed = time.perf_counter() - started
-    text = (
-        f"{n} questions of shared/data/qa (SQuAD v1.1 train pages, dev split), seed {args.seed}; "
-        f"max_sources {MAX_SOURCES}, top_k {TOP_K}, embeddings {MODEL} via the loopback "
-        f"OpenAI-compatible endpoint; stage functions run in process (plan, search over HTTP, "
-        f"fetch over HTTP, index_page, answer_question). Share of questions whose bundle "
-        f"contains an answer string, per token budget (cl100k of chunk texts).\n\n"
-        + _table(rows, n, ceiling)
-        + f"\n\nCitations: {citations.exact}/{citations.chunks} bundle chunks equal "
-        f"source_text[start:end]; {citations.verbatim}/{citations.chunks} appear verbatim "
-        f"(whitespace-normalised) in the page as served. Failed fetches: "
-        f"{sum(len(j.failures) for j in jobs)}. Run time {elapsed:.0f} s "
-        f"({web.embedder.computed} texts embedded, the rest from bench/out/ cache)."
-    )
-    if variants:
-        text += "\n\nVariants (chunk max/overlap tokens, ranking), same jobs:\n\n" + _table(
-            variants, n, ceiling
-        )
+    text = report(runs, args.citations, clock, web)
     print(text)  # noqa: T201
+    for missing in args.citations.missing[:20]:
+        print("not verbatim in the served page:", repr(missing[:300]))  # noqa: T201
     if args.write:
         write_section("answer_recall", text)
 

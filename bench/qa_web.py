@@ -26,7 +26,8 @@ from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, make_site_app
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "out"
+# Vector cache; $WEBCTX_BENCH_OUT points elsewhere (e.g. an empty folder for a cold run).
+OUT = Path(os.environ.get("WEBCTX_BENCH_OUT") or ROOT / "bench" / "out")
 MODEL = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
 _TAG = re.compile(r"<[^>]+>")
@@ -118,14 +119,17 @@ class VectorCache:
     def add(self, texts: Sequence[str], vectors: np.ndarray) -> None:
         """Remember and persist new vectors."""
         with self._lock:
+            records = []
+            for text, vec in zip(texts, vectors, strict=True):
+                key = _key(text)
+                if key not in self._vectors:
+                    row = np.asarray(vec, dtype="<f4")
+                    self._vectors[key] = row
+                    records.append(key + row.tobytes())
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("ab") as out:
-                for text, vec in zip(texts, vectors, strict=True):
-                    key = _key(text)
-                    if key not in self._vectors:
-                        row = np.asarray(vec, dtype="<f4")
-                        self._vectors[key] = row
-                        out.write(key + row.tobytes())
+            # One unbuffered append per batch: whole records even if two runs share the file.
+            with self.path.open("ab", buffering=0) as out:
+                out.write(b"".join(records))
 
 
 def _key(text: str) -> bytes:

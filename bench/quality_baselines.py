@@ -3,6 +3,8 @@
 A job is what the pipeline holds before ranking: the question, its pages (fetched and
 extracted by webctx). Every system here sees the same pages and the same embeddings
 (one endpoint, one cache); they differ only in how pages are cut and chunks chosen.
+Scores that do not depend on the budget (cosine, BM25) are computed once per job and
+chunking; only the packing runs once per budget.
 """
 
 from __future__ import annotations
@@ -16,11 +18,21 @@ from webctx.models import Chunk, Page, ScoredChunk
 from webctx.ports import Embedder
 from webctx.stages.chunk import chunk_page
 from webctx.stages.embed import embed_texts
-from webctx.stages.rank import bm25_scores, fuse_ranks, rank_chunks
+from webctx.stages.rank import (
+    DEDUP_THRESHOLD,
+    PER_SOURCE_CAP,
+    RRF_K,
+    bm25_scores,
+    fuse_ranks,
+    rank_chunks,
+)
 from webctx.tokens import count_tokens
 
-EMBED_CAPS = {"max_inputs": 256, "max_tokens_per_request": 100_000, "max_input_tokens": 8000,
-              "max_attempts": 3}  # fmt: skip
+
+def embed_all(texts: Sequence[str], embedder: Embedder) -> list[list[float]]:
+    """Vectors of `texts` in as few requests as the endpoint's caps allow."""
+    return embed_texts(texts, embedder, max_inputs=256, max_tokens_per_request=100_000,
+                       max_input_tokens=8000, max_attempts=3).vectors  # fmt: skip
 
 
 def fixed_chunks(page: Page, size: int = 500) -> list[Chunk]:
@@ -54,7 +66,8 @@ class ChunkIndex:
 
     def add(self, pages: Sequence[Page]) -> None:
         """Chunk and embed the pages not seen yet, in one batch of requests."""
-        new = [p for p in pages if p.content_sha256 not in self.chunks]
+        new = list({p.content_sha256: p for p in pages if p.content_sha256 not in self.chunks}
+                   .values())  # fmt: skip
         texts: list[str] = []
         for page in new:
             chunks = self.chunker(page)
@@ -62,7 +75,7 @@ class ChunkIndex:
             texts += [self.embed_input(page, c) for c in chunks]
         if not texts:
             return
-        vectors = np.asarray(embed_texts(texts, self.embedder, **EMBED_CAPS).vectors)
+        vectors: np.ndarray = np.asarray(embed_all(texts, self.embedder), dtype=np.float64)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         at = 0
         for page in new:
@@ -74,8 +87,8 @@ class ChunkIndex:
         """What is embedded for a chunk: its text, or the page title and its text."""
         return f"{page.title}\n{chunk.text}" if self.title_prefix and page.title else chunk.text
 
-    def job_chunks(self, pages: Sequence[Page]) -> tuple[list[Chunk], list[str], np.ndarray]:
-        """All chunks of a job's pages, each chunk's URL, and their unit vectors."""
+    def view(self, pages: Sequence[Page], question: str, qvec: np.ndarray) -> JobView:
+        """A job's chunks under this chunker with their cosine and BM25 scores."""
         chunks: list[Chunk] = []
         urls: list[str] = []
         blocks = []
@@ -83,7 +96,22 @@ class ChunkIndex:
             chunks += self.chunks[page.content_sha256]
             urls += [page.url] * len(self.chunks[page.content_sha256])
             blocks.append(self.vectors[page.content_sha256])
-        return chunks, urls, np.vstack(blocks) if blocks else np.zeros((0, 1))
+        vectors = np.vstack(blocks) if blocks else np.zeros((0, qvec.shape[0]))
+        dense = (vectors @ qvec).tolist()
+        lexical = bm25_scores(question, [c.text for c in chunks])
+        return JobView(question, chunks, urls, vectors, dense, lexical)
+
+
+@dataclass
+class JobView:
+    """One job's chunks, their URLs, unit vectors, cosine and BM25 scores."""
+
+    question: str
+    chunks: list[Chunk]
+    urls: list[str]
+    vectors: np.ndarray
+    dense: list[float]
+    lexical: list[float]
 
 
 def top_until_budget(chunks: Sequence[Chunk], scores: Sequence[float], budget: int) -> list[Chunk]:
@@ -97,20 +125,14 @@ def top_until_budget(chunks: Sequence[Chunk], scores: Sequence[float], budget: i
     return chosen
 
 
-def dense_baseline(
-    index: ChunkIndex, pages: Sequence[Page], qvec: np.ndarray, budget: int
-) -> list[Chunk]:
+def dense_baseline(view: JobView, budget: int) -> list[Chunk]:
     """Baseline (a): cosine of question and chunk vectors, top chunks until the budget."""
-    chunks, _, vectors = index.job_chunks(pages)
-    return top_until_budget(chunks, (vectors @ qvec).tolist(), budget)
+    return top_until_budget(view.chunks, view.dense, budget)
 
 
-def bm25_baseline(
-    index: ChunkIndex, pages: Sequence[Page], question: str, budget: int
-) -> list[Chunk]:
+def bm25_baseline(view: JobView, budget: int) -> list[Chunk]:
     """Baseline (b): BM25 of the question over the same chunks."""
-    chunks, _, _ = index.job_chunks(pages)
-    return top_until_budget(chunks, bm25_scores(question, [c.text for c in chunks]), budget)
+    return top_until_budget(view.chunks, view.lexical, budget)
 
 
 @dataclass(frozen=True)
@@ -118,40 +140,44 @@ class Ranking:
     """How a variant orders a job's chunks before webctx's packing (rank_chunks)."""
 
     fusion: bool = True  # RRF of cosine and BM25 ranks; else cosine alone
-    rrf_k: int = 60
+    rrf_k: int = RRF_K
+    lexical_weight: float = 1.0  # weight of the BM25 list in the fusion (cosine: 1)
+    combine: str = "sum"  # "sum": RRF; "max": the better of the two reciprocal ranks
     pool: int | None = None  # only the `pool` nearest by cosine are candidates (None: all)
-    per_source_cap: int = 3
+    per_source_cap: int | None = PER_SOURCE_CAP
+    dedup_threshold: float = DEDUP_THRESHOLD
 
 
-def variant_select(
-    index: ChunkIndex,
-    pages: Sequence[Page],
-    question: str,
-    qvec: np.ndarray,
-    budgets: Sequence[int],
-    ranking: Ranking,
-) -> list[list[Chunk]]:
-    """A candidate ranking rule, packed by webctx's rank_chunks (dedup, overlap, cap),
-    once per budget."""
-    chunks, urls, vectors = index.job_chunks(pages)
-    dense = (vectors @ qvec).tolist()
-    keep = sorted(range(len(chunks)), key=lambda i: -dense[i])[: ranking.pool or len(chunks)]
-    texts = [chunks[i].text for i in keep]
-    cos = [dense[i] for i in keep]
-    scores = (
-        fuse_ranks([cos, bm25_scores(question, texts)], k=ranking.rrf_k) if ranking.fusion else cos
-    )
+def variant_select(view: JobView, budgets: Sequence[int], ranking: Ranking) -> list[list[Chunk]]:
+    """A candidate ranking rule, packed by webctx's rank_chunks once per budget."""
+    n = len(view.chunks)
+    keep = sorted(range(n), key=lambda i: -view.dense[i])[: ranking.pool or n]
+    cos = [view.dense[i] for i in keep]
+    if ranking.fusion:
+        # BM25 statistics come from the candidates, as in the pipeline (fuse_lexical).
+        lexical = (
+            view.lexical if ranking.pool is None
+            else bm25_scores(view.question, [view.chunks[i].text for i in keep])
+        )  # fmt: skip
+        lexical = [lexical[i] for i in keep] if ranking.pool is None else lexical
+        if ranking.combine == "max":
+            scores = [max(a, b) for a, b in zip(fuse_ranks([cos], k=ranking.rrf_k), fuse_ranks(
+                [lexical], k=ranking.rrf_k, weights=[ranking.lexical_weight]), strict=True)]
+        else:
+            scores = fuse_ranks([cos, lexical], k=ranking.rrf_k,
+                                weights=[1.0, ranking.lexical_weight])  # fmt: skip
+    else:
+        scores = cos
     candidates = [
-        ScoredChunk(chunk=chunks[i], url=urls[i], score=s, vector=vectors[i].tolist())
+        # Unvalidated, with the numpy row as vector: rank_chunks only reads it as an array.
+        ScoredChunk.model_construct(chunk=view.chunks[i], url=view.urls[i], score=s,
+                                    vector=view.vectors[i])  # fmt: skip
         for i, s in zip(keep, scores, strict=True)
     ]
     return [
-        [
-            r.chunk
-            for r in rank_chunks(
-                candidates, top_k=200, token_budget=budget, per_source_cap=ranking.per_source_cap
-            )
-        ]  # fmt: skip
+        [r.chunk for r in rank_chunks(candidates, top_k=200, token_budget=budget,
+                                      per_source_cap=ranking.per_source_cap,
+                                      dedup_threshold=ranking.dedup_threshold)]  # fmt: skip
         for budget in budgets
     ]
 
