@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from webctx.embed_cache import RedisEmbeddingCache
 from webctx.errors import FetchError, HTTPStatusError
-from webctx.models import Download, Page, ScoredChunk
+from webctx.models import Download, Page
 from webctx.pagecache import IndexedPages
 from webctx.pointers import IndexedPage, PageIndex, Seen
 from webctx.ports import (
@@ -342,26 +342,24 @@ def search_index(
                          max_tokens_per_request=e.max_tokens_per_request,
                          max_input_tokens=e.max_input_tokens,
                          max_attempts=e.max_attempts).vectors[0]  # fmt: skip
-    dense = ctx.store.search_live(vector, limit=pool, scope=scope)
-    sparse = ctx.store.search_live_sparse(query, limit=pool, scope=scope)
-    by_key: dict[str, ScoredChunk] = {}
-    ranks: list[dict[str, int]] = [{}, {}]
-    for side, hits in enumerate((dense, sparse)):
-        for rank, hit in enumerate(hits, start=1):
-            key = f"{hit.chunk.content_sha256}:{hit.chunk.start}:{hit.chunk.end}"
-            by_key.setdefault(key, hit)
-            ranks[side].setdefault(key, rank)
-    fused = rrf([list(ranks[0]), list(ranks[1])])[:limit]
-    records = ctx.index.records_of(tenant, [by_key[k].chunk.content_sha256 for k, _ in fused])
+    # Rank by point id alone, then read the payloads of the fused top `limit` only: the
+    # 2 x `pool` candidates' payloads (text included) cost more than both searches.
+    ranked = (ctx.store.rank_live(vector, limit=pool, scope=scope),
+              ctx.store.rank_live_sparse(query, limit=pool, scope=scope))  # fmt: skip
+    fused = rrf(ranked)[:limit]
+    points = ctx.store.retrieve([pid for pid, _ in fused])
+    fused = [(pid, score) for pid, score in fused if pid in points]  # swept since: dropped
+    ranks = [{pid: rank for rank, pid in enumerate(ids, start=1)} for ids in ranked]
+    records = ctx.index.records_of(tenant, [points[pid].chunk.content_sha256 for pid, _ in fused])
     out = []
-    for key, score in fused:
-        hit = by_key[key]
-        chunk, record = hit.chunk, records[hit.chunk.content_sha256]
+    for pid, score in fused:
+        point = points[pid]
+        chunk, record = point.chunk, records[point.chunk.content_sha256]
         out.append(IndexHit(
-            url=record.url or hit.url, title=record.title, site=record.site,
+            url=record.url or point.url, title=record.title, site=record.site,
             published=record.published, source_id=record.source_id,
             content_sha256=chunk.content_sha256, start=chunk.start, end=chunk.end,
-            text=chunk.text, score=round(score, 6), dense_rank=ranks[0].get(key),
-            sparse_rank=ranks[1].get(key),
+            text=chunk.text, score=round(score, 6), dense_rank=ranks[0].get(pid),
+            sparse_rank=ranks[1].get(pid),
         ))  # fmt: skip
     return out

@@ -128,6 +128,19 @@ class LiveIndexStore(IndexStore, Protocol):
         """Best BM25 matches among the scope's pages, without vectors."""
         ...
 
+    def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live`, best first: no payload is read (fusion needs ranks)."""
+        ...
+
+    def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live_sparse`, best first, without reading payloads."""
+        ...
+
+    def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The points of these ids (dense or sparse), without vectors; absent ids are left
+        out (deleted since they were ranked)."""
+        ...
+
     def optimize(self) -> bool:
         """Build the indexes the engine leaves to the caller (qdrant-edge: HNSW); True if
         anything was built. Blocks, and may take minutes on a large unindexed store."""

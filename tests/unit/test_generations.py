@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.generations import Change, Commit, tenant_key
 from webctx.index import IndexContext, IndexedPage, PageIndex, search_index
-from webctx.models import Chunk, Page, StoredChunk
+from webctx.models import Chunk, Page, ScoredChunk, StoredChunk
 from webctx.ports import IndexScope, LiveIndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
 from webctx.stages.store import make_points
@@ -121,6 +121,36 @@ def test_marks_make_pages_live_and_dead_by_generation(live_store: LiveIndexStore
     assert live_store.optimize() in (True, False)
 
 
+@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
+def test_ranking_by_id_matches_the_searches_and_retrieve_reads_only_those(
+    live_store: LiveIndexStore,
+) -> None:
+    pages = [make_page(url=f"https://s.test/{i}", text=f"text {i}", title=f"t{i}")
+             for i in range(3)]  # fmt: skip
+    points = {p.id: p for page in pages for p in page_points(page)}
+    for page in pages:
+        store_page(live_store, page)
+    live_store.mark_pages(tenant_key=TK, generation=1, dead=[],
+                          live={p.content_sha256: "s.test" for p in pages})  # fmt: skip
+    scope, vector = IndexScope(TK, 1), HashEmbedder().embed(["t1 words 2"])[0]
+    dense = live_store.rank_live(vector, limit=4, scope=scope)
+    sparse = live_store.rank_live_sparse("t1 words", limit=4, scope=scope)
+    key = {pid: (p.chunk.content_sha256, p.chunk.start) for pid, p in points.items()}
+    searched = [[(h.chunk.content_sha256, h.chunk.start) for h in hits] for hits in (
+        live_store.search_live(vector, limit=4, scope=scope),
+        live_store.search_live_sparse("t1 words", limit=4, scope=scope))]  # fmt: skip
+    assert [[key[pid] for pid in ids] for ids in (dense, sparse)] == searched
+    assert len(dense) == 4 and dense[0] == points[dense[0]].id
+    assert live_store.rank_live(vector, limit=4, scope=IndexScope(TK, 0)) == []
+    assert live_store.rank_live_sparse("t1", limit=4, scope=IndexScope(TK, 1, site="x")) == []
+    gone = "00000000-0000-5000-8000-000000000000"
+    got = live_store.retrieve([dense[0], sparse[0], gone])
+    assert set(got) == {dense[0], sparse[0]}
+    for pid, point in got.items():
+        assert point.model_dump() == points[pid].model_copy(update={"vector": []}).model_dump()
+    assert live_store.retrieve([]) == {}
+
+
 # -- the commit protocol ----------------------------------------------------------------------
 def test_unfiltered_search_never_lists_the_tenants_pages(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
@@ -216,3 +246,41 @@ def test_concurrent_commits_are_grouped_and_every_pointer_lands(r: redis.Redis) 
     assert set(ctx.index.pages(TENANT)) == {p.url for p in pages}
     assert 1 <= (ctx.index.generations.published(TENANT) or 0) <= 24
     assert seen_hashes(ctx) == {p.content_sha256 for p in pages}
+
+
+class CountingStore(MemoryVectorStore):
+    """Records which points a search reads whole; searching with payloads is an error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retrieved: list[list[str]] = []
+        self.sweep_first: list[str] = []  # pages deleted between ranking and reading
+
+    def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
+        self.retrieved.append(list(ids))
+        self.delete_pages(self.sweep_first)
+        return super().retrieve(ids)
+
+    def search_live(self, *args: object, **kwargs: object) -> list[ScoredChunk]:
+        raise AssertionError("search_index read every dense candidate's payload")
+
+    def search_live_sparse(self, *args: object, **kwargs: object) -> list[ScoredChunk]:
+        raise AssertionError("search_index read every sparse candidate's payload")
+
+
+def test_search_reads_payloads_of_the_returned_hits_only(r: redis.Redis) -> None:
+    store = CountingStore()
+    ctx = ctx_for(r, store)
+    pages = [make_page(url=f"https://s.test/{i}", text=f"text {i}", title=f"t{i}")
+             for i in range(10)]  # fmt: skip
+    for page in pages:
+        store_page(store, page)
+        ctx.index.commit(TENANT, page.url, store=store, record=record_of(page), grace_s=60)
+    hits = search_index("t3 words", tenant=TENANT, ctx=ctx, limit=4)
+    assert len(hits) == 4 and len(store.retrieved) == 1 and len(store.retrieved[0]) == 4
+    assert hits[0].content_sha256 == pages[3].content_sha256 and hits[0].title == "t3"
+    assert hits[0].dense_rank is not None and hits[0].sparse_rank is not None
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    store.sweep_first = [pages[3].content_sha256]  # swept after ranking: left out
+    hits = search_index("t3 words", tenant=TENANT, ctx=ctx, limit=4)
+    assert 0 < len(hits) < 4 and pages[3].content_sha256 not in {h.content_sha256 for h in hits}

@@ -25,7 +25,7 @@ import qdrant_edge as qe
 
 from webctx.errors import ConfigError, ProviderError
 from webctx.generations import SITE_KEY, from_key, until_key
-from webctx.models import ScoredChunk, StoredChunk
+from webctx.models import Chunk, ScoredChunk, StoredChunk
 from webctx.ports import IndexScope
 from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
@@ -65,6 +65,17 @@ def _lock_directory(path: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+CHUNK_FIELDS = (*Chunk.model_fields, "url", "model")
+"""The payload fields a retrieved point is rebuilt from (not every tenant's live marks)."""
+
+
+def _stored(pid: str, payload: Mapping[str, object]) -> StoredChunk:
+    """A retrieved point, without its vector."""
+    chunk = Chunk.model_validate({k: payload[k] for k in Chunk.model_fields})
+    return StoredChunk(id=pid, vector=[], chunk=chunk, url=str(payload["url"]),
+                       model=str(payload.get("model", "")))  # fmt: skip
 
 
 def _dense(vector: object) -> list[float]:
@@ -122,9 +133,32 @@ class EdgeVectorStore:
             return []
         return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
 
+    def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live`, best first, without payloads."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        hits = self._dense_hits(vector, limit, _scope_filter(scope), payload=False)
+        return [str(hit.id) for hit in hits]
+
     def _dense_query(
         self, vector: Sequence[float], limit: int, where: qe.Filter, *, vectors: bool = True
     ) -> list[ScoredChunk]:
+        hits = self._dense_hits(vector, limit, where, vectors=vectors)
+        return [
+            scored_chunk(hit.payload or {}, score=hit.score,
+                         vector=_dense(hit.vector) if vectors else [])
+            for hit in hits
+        ]  # fmt: skip
+
+    def _dense_hits(
+        self,
+        vector: Sequence[float],
+        limit: int,
+        where: qe.Filter,
+        *,
+        vectors: bool = False,
+        payload: bool = True,
+    ) -> list[qe.ScoredPoint]:
         shard = self._current()
         if shard is None or limit < 1:
             return []
@@ -132,15 +166,10 @@ class EdgeVectorStore:
             limit=limit,
             query=qe.Query.Nearest([float(x) for x in vector]),
             filter=where,
-            with_payload=True,
+            with_payload=payload,
             with_vector=vectors,
         )
-        hits = _engine(lambda: shard.query(request))
-        return [
-            scored_chunk(hit.payload or {}, score=hit.score,
-                         vector=_dense(hit.vector) if vectors else [])
-            for hit in hits
-        ]  # fmt: skip
+        return _engine(lambda: shard.query(request))
 
     def count(self) -> int:
         """Number of points held."""
@@ -187,7 +216,36 @@ class EdgeVectorStore:
             return []
         return self._sparse_query(text, limit, _scope_filter(scope))
 
+    def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live_sparse`, best first, without payloads."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        return [str(hit.id) for hit in self._sparse_hits(text, limit, _scope_filter(scope),
+                                                         payload=False)]  # fmt: skip
+
+    def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The points of these ids, without vectors: from the dense shard, else the sparse
+        one (a point only the sparse half holds); absent ids are left out."""
+        found: dict[str, StoredChunk] = {}
+        for shard in (self._current(), self._sparse_shard(create=False)):
+            wanted: list[qe.PointId] = [pid for pid in ids if pid not in found]
+            if shard is None or not wanted:
+                continue
+            fields: list[str] = list(CHUNK_FIELDS)
+            retrieve = functools.partial(shard.retrieve, wanted, with_payload=fields,
+                                         with_vector=False)  # fmt: skip
+            for record in _engine(retrieve):
+                pid = str(record.id)
+                found[pid] = _stored(pid, record.payload or {})
+        return found
+
     def _sparse_query(self, text: str, limit: int, where: qe.Filter) -> list[ScoredChunk]:
+        hits = self._sparse_hits(text, limit, where)
+        return [scored_chunk(hit.payload or {}, score=hit.score, vector=[]) for hit in hits]
+
+    def _sparse_hits(
+        self, text: str, limit: int, where: qe.Filter, *, payload: bool = True
+    ) -> list[qe.ScoredPoint]:
         shard = self._sparse_shard(create=False)
         sv = query_vector(text)
         if shard is None or limit < 1 or not sv.indices:
@@ -196,10 +254,9 @@ class EdgeVectorStore:
             limit=limit,
             query=qe.Query.Nearest(qe.SparseVector(sv.indices, sv.values), using=SPARSE),
             filter=where,
-            with_payload=True,
+            with_payload=payload,
         )
-        hits = _engine(lambda: shard.query(request))
-        return [scored_chunk(hit.payload or {}, score=hit.score, vector=[]) for hit in hits]
+        return _engine(lambda: shard.query(request))
 
     def mark_pages(
         self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]

@@ -57,9 +57,21 @@ class MemoryVectorStore:
         return [h.model_copy(update={"vector": []})
                 for h in self._nearest(vector, limit, self._in_scope(scope))]  # fmt: skip
 
+    def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live`, best first."""
+        return [point.id for _, point, _ in self._ranked(vector, limit, self._in_scope(scope))]
+
     def _nearest(
         self, vector: Sequence[float], limit: int, keep: Callable[[str], bool]
     ) -> list[ScoredChunk]:
+        return [
+            ScoredChunk(chunk=point.chunk, url=point.url, score=score, vector=vec.tolist())
+            for vec, point, score in self._ranked(vector, limit, keep)
+        ]
+
+    def _ranked(
+        self, vector: Sequence[float], limit: int, keep: Callable[[str], bool]
+    ) -> list[tuple[Vec, StoredChunk, float]]:
         with self._lock:
             if self._dimensions is None or limit < 1:
                 return []
@@ -69,15 +81,7 @@ class MemoryVectorStore:
             return []
         scores = np.stack([vec for vec, _ in hits]) @ _unit(vector)
         best = np.argsort(-scores, kind="stable")[:limit]
-        return [
-            ScoredChunk(
-                chunk=hits[i][1].chunk,
-                url=hits[i][1].url,
-                score=float(scores[i]),
-                vector=hits[i][0].tolist(),
-            )
-            for i in best
-        ]
+        return [(hits[i][0], hits[i][1], float(scores[i])) for i in best]
 
     def count(self) -> int:
         """Number of points held."""
@@ -112,6 +116,20 @@ class MemoryVectorStore:
         """Best BM25 matches of `text` among the scope's live pages (IDF over every point)."""
         return self._bm25(text, limit, self._in_scope(scope))
 
+    def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live_sparse`, best first."""
+        return [point.id for _, point in self._bm25_ranked(text, limit, self._in_scope(scope))]
+
+    def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The points of these ids (dense, else sparse), without vectors."""
+        found: dict[str, StoredChunk] = {}
+        with self._lock:
+            for pid in ids:
+                held = self._points.get(pid) or self._sparse.get(pid)
+                if held is not None:
+                    found[pid] = held[1].model_copy(update={"vector": []})
+        return found
+
     def mark_pages(
         self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
     ) -> None:
@@ -144,6 +162,12 @@ class MemoryVectorStore:
         return keep
 
     def _bm25(self, text: str, limit: int, keep: Callable[[str], bool]) -> list[ScoredChunk]:
+        return [ScoredChunk(chunk=p.chunk, url=p.url, score=score, vector=[])
+                for score, p in self._bm25_ranked(text, limit, keep)]  # fmt: skip
+
+    def _bm25_ranked(
+        self, text: str, limit: int, keep: Callable[[str], bool]
+    ) -> list[tuple[float, StoredChunk]]:
         terms = query_vector(text).indices
         with self._lock:
             docs = list(self._sparse.values())
@@ -154,10 +178,7 @@ class MemoryVectorStore:
             if score > 0 and keep(point.chunk.content_sha256):
                 scored.append((score, point))
         scored.sort(key=lambda sp: -sp[0])
-        return [
-            ScoredChunk(chunk=p.chunk, url=p.url, score=float(score), vector=[])
-            for score, p in scored[: max(limit, 0)]
-        ]
+        return [(float(score), p) for score, p in scored[: max(limit, 0)]]
 
     def _check_dimension(self, size: int) -> None:
         if self._dimensions is None:

@@ -18,7 +18,7 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from webctx.errors import ProviderError, ProviderUnavailable
 from webctx.generations import SITE_KEY, from_key, until_key
-from webctx.models import ScoredChunk, StoredChunk
+from webctx.models import Chunk, ScoredChunk, StoredChunk
 from webctx.ports import IndexScope
 from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
@@ -58,6 +58,17 @@ def _client(call: Callable[[], T]) -> T:
         if _is_transient(exc):
             raise ProviderUnavailable(f"{PROVIDER}: {exc}") from exc
         raise ProviderError(PROVIDER, str(exc)) from exc
+
+
+CHUNK_FIELDS = (*Chunk.model_fields, "url", "model")
+"""The payload fields a retrieved point is rebuilt from (not every tenant's live marks)."""
+
+
+def _stored(pid: str, payload: Mapping[str, object]) -> StoredChunk:
+    """A retrieved point, without its vector."""
+    chunk = Chunk.model_validate({k: payload[k] for k in Chunk.model_fields})
+    return StoredChunk(id=pid, vector=[], chunk=chunk, url=str(payload["url"]),
+                       model=str(payload.get("model", "")))  # fmt: skip
 
 
 def _dense(vector: object) -> list[float]:
@@ -105,9 +116,31 @@ class QdrantVectorStore:
             return []
         return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
 
+    def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live`, best first, without payloads."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        hits = self._dense_hits(vector, limit, _scope_filter(scope), payload=False)
+        return [str(hit.id) for hit in hits]
+
     def _dense_query(
         self, vector: Sequence[float], limit: int, where: models.Filter, *, vectors: bool = True
     ) -> list[ScoredChunk]:
+        return [
+            scored_chunk(hit.payload or {}, score=hit.score,
+                         vector=_dense(hit.vector) if vectors else [])
+            for hit in self._dense_hits(vector, limit, where, vectors=vectors)
+        ]  # fmt: skip
+
+    def _dense_hits(
+        self,
+        vector: Sequence[float],
+        limit: int,
+        where: models.Filter,
+        *,
+        vectors: bool = False,
+        payload: bool = True,
+    ) -> list[models.ScoredPoint]:
         if limit < 1 or not self._exists():
             return []
         response = _client(
@@ -116,15 +149,11 @@ class QdrantVectorStore:
                 query=[float(x) for x in vector],
                 query_filter=where,
                 limit=limit,
-                with_payload=True,
+                with_payload=payload,
                 with_vectors=vectors,
             )
         )
-        return [
-            scored_chunk(hit.payload or {}, score=hit.score,
-                         vector=_dense(hit.vector) if vectors else [])
-            for hit in response.points
-        ]  # fmt: skip
+        return response.points
 
     def count(self) -> int:
         """Number of points held."""
@@ -240,7 +269,37 @@ class QdrantVectorStore:
                                           field_schema=kind, wait=True))  # fmt: skip
                 self._indexed.add((name, field))
 
+    def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
+        """Point ids of `search_live_sparse`, best first, without payloads."""
+        if scope.content_sha256s is not None and not scope.content_sha256s:
+            return []
+        hits = self._sparse_hits(text, limit, _scope_filter(scope), payload=False)
+        return [str(hit.id) for hit in hits]
+
+    def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The points of these ids, without vectors: from the dense collection, else the
+        sparse one (a point only the sparse half holds); absent ids are left out."""
+        found: dict[str, StoredChunk] = {}
+        for name, exists in ((self.collection, self._exists),
+                             (self._sparse_name, self._sparse_exists)):  # fmt: skip
+            wanted: list[models.ExtendedPointId] = [pid for pid in ids if pid not in found]
+            if not wanted or not exists():
+                continue
+            records = _client(functools.partial(
+                self.client.retrieve, name, wanted, with_payload=list(CHUNK_FIELDS),
+                with_vectors=False))  # fmt: skip
+            for record in records:
+                pid = str(record.id)
+                found[pid] = _stored(pid, record.payload or {})
+        return found
+
     def _sparse_query(self, text: str, limit: int, where: models.Filter) -> list[ScoredChunk]:
+        return [scored_chunk(hit.payload or {}, score=hit.score, vector=[])
+                for hit in self._sparse_hits(text, limit, where)]  # fmt: skip
+
+    def _sparse_hits(
+        self, text: str, limit: int, where: models.Filter, *, payload: bool = True
+    ) -> list[models.ScoredPoint]:
         sv = query_vector(text)
         if limit < 1 or not sv.indices or not self._sparse_exists():
             return []
@@ -251,12 +310,10 @@ class QdrantVectorStore:
                 using=SPARSE,
                 query_filter=where,
                 limit=limit,
-                with_payload=True,
+                with_payload=payload,
             )
         )
-        return [
-            scored_chunk(hit.payload or {}, score=hit.score, vector=[]) for hit in response.points
-        ]
+        return response.points
 
     @property
     def _sparse_name(self) -> str:
