@@ -104,6 +104,11 @@ class IndexScope:
     site: str | None = None
     content_sha256s: Sequence[str] | None = None
 
+    @property
+    def selects_nothing(self) -> bool:
+        """True when the scope is narrowed to no page at all."""
+        return self.content_sha256s is not None and not self.content_sha256s
+
 
 @runtime_checkable
 class LiveIndexStore(IndexStore, Protocol):

@@ -12,7 +12,7 @@ from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.embed_cache import RedisEmbeddingCache
 from webctx.errors import ConfigError
 from webctx.jobs import JobStore
-from webctx.ports import Embedder, Fetcher, SearchProvider, VectorStore
+from webctx.ports import ConditionalFetcher, Embedder, SearchProvider, VectorStore
 from webctx.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.settings import Settings, get_settings
 
@@ -28,7 +28,7 @@ class Deps:
     settings: Settings
     jobs: JobStore
     search: SearchProvider
-    fetcher: Fetcher
+    fetcher: ConditionalFetcher
     embedder: Embedder
     planner_model: str | None = None
     limiter: RedisRateLimiter | None = None
@@ -91,7 +91,7 @@ def build_search(settings: Settings) -> SearchProvider:
     return DdgsSearch()
 
 
-def build_fetcher(settings: Settings) -> Fetcher:
+def build_fetcher(settings: Settings) -> ConditionalFetcher:
     """The httpx fetcher under the configured address policy."""
     from webctx.adapters.httpx_fetcher import HttpxFetcher
     from webctx.netguard import AddressPolicy

@@ -29,7 +29,7 @@ from webctx.index import (
     search_index,
     sweep,
 )
-from webctx.ports import ConditionalFetcher, LiveIndexStore
+from webctx.ports import LiveIndexStore
 from webctx.settings import Settings
 from webctx.sources import Source, SourceRegistry
 from workers.app import app
@@ -42,8 +42,8 @@ RUN_TTL_S = 24 * 3600
 def index_context(deps: Deps) -> IndexContext:
     """The re-index collaborators of this process's Deps."""
     store, fetcher = deps.store, deps.fetcher
-    if not isinstance(store, LiveIndexStore) or not isinstance(fetcher, ConditionalFetcher):
-        raise ConfigError("the configured vector store or fetcher cannot serve the index")
+    if not isinstance(store, LiveIndexStore):
+        raise ConfigError("the configured vector store cannot serve the index")
     return IndexContext(
         index=PageIndex(deps.jobs.r),
         fetcher=fetcher,

@@ -16,7 +16,6 @@ from celery import Task
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
 from webctx.models import BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.pagecache import IndexedPages, PageCache, RememberedFailure, SearchCache
-from webctx.ports import ConditionalFetcher
 from webctx.research import answer_question, index_page
 from webctx.stages.bundle import build_bundle
 from webctx.stages.fetch import extract_page
@@ -271,7 +270,7 @@ def _download(deps: Deps, job_id: str, url_id: str, url: str, cache: PageCache) 
     prior = deps.jobs.page(stale.sha) if stale else None
     try:
         timeout_s = deps.settings.fetch.extract_timeout_s
-        if stale is not None and prior is not None and isinstance(deps.fetcher, ConditionalFetcher):
+        if stale is not None and prior is not None:
             download = deps.fetcher.fetch(url, etag=stale.etag, last_modified=stale.last_modified)
         else:
             download = deps.fetcher.fetch(url)

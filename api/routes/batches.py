@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio.to_thread
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
 
 from api.deps import CallerDep, Conflict, Runtime, RuntimeDep
 from api.routes.jobs import ERRORS
@@ -17,6 +16,7 @@ from webctx.batches import (
     BatchConflict,
     BatchItem,
     BatchNotFound,
+    BatchStatus,
     BatchStore,
     InvalidBatch,
     parse_items,
@@ -25,24 +25,6 @@ from webctx.batches import (
 router = APIRouter(prefix="/v1", tags=["batches"])
 BatchId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A batch id.")]
 MAX_BODY_BYTES = 50_000_000
-
-
-class BatchOut(BaseModel):
-    """A batch's state, counts and accounting."""
-
-    id: str
-    name: str
-    state: str
-    total: int
-    queued: int
-    running: int
-    done: int
-    failed: int
-    cancelled: int
-    started_at: float | None
-    finished_at: float | None
-    eta_s: float | None
-    stats: dict[str, Any]
 
 
 def _items(body: bytes, token_budget: int | None, max_sources: int | None) -> list[BatchItem]:
@@ -60,10 +42,9 @@ def _items(body: bytes, token_budget: int | None, max_sources: int | None) -> li
     return parse_items(text.splitlines(), token_budget=token_budget, max_sources=max_sources)
 
 
-def _status(runtime: Runtime, batch_id: str) -> BatchOut:
+def _status(runtime: Runtime, batch_id: str) -> BatchStatus:
     price = runtime.settings.batch.price_per_1k_tokens
-    found = BatchStore(runtime.jobs).status(batch_id, price_per_1k_tokens=price)
-    return BatchOut.model_validate(found.as_dict())
+    return BatchStore(runtime.jobs).status(batch_id, price_per_1k_tokens=price)
 
 
 def _owned(runtime: Runtime, tenant: str, batch_id: str) -> BatchStore:
@@ -95,7 +76,7 @@ async def create_batch(
     name: Annotated[str, Query(min_length=1, max_length=200)],
     token_budget: Annotated[int | None, Query(ge=50, le=100_000)] = None,
     max_sources: Annotated[int | None, Query(ge=1, le=100)] = None,
-) -> BatchOut:
+) -> BatchStatus:
     """Submit a batch: JSONL lines or a JSON list of {id, question, token_budget?, max_sources?}.
 
     The same name and items return the same batch (nothing finished is redone); the same
@@ -122,7 +103,7 @@ async def create_batch(
 
 
 @router.get("/batches/{batch_id}", responses=ERRORS)
-def read_batch(batch_id: BatchId, caller: CallerDep, runtime: RuntimeDep) -> BatchOut:
+def read_batch(batch_id: BatchId, caller: CallerDep, runtime: RuntimeDep) -> BatchStatus:
     """Counts (queued, running, done, failed), ETA, and accounting of a batch."""
     from workers.batch import feed_batch
 
@@ -153,7 +134,7 @@ def read_results(batch_id: BatchId, caller: CallerDep, runtime: RuntimeDep) -> S
 
 
 @router.delete("/batches/{batch_id}", responses=ERRORS)
-def cancel_batch(batch_id: BatchId, caller: CallerDep, runtime: RuntimeDep) -> BatchOut:
+def cancel_batch(batch_id: BatchId, caller: CallerDep, runtime: RuntimeDep) -> BatchStatus:
     """Cancel a batch: queued items never start, running items are cancelled."""
     _owned(runtime, caller.tenant, batch_id).cancel(batch_id)
     return _status(runtime, batch_id)

@@ -5,8 +5,10 @@ so a job can be cancelled mid-fetch), and one API stack per module: Redis db 11,
 from __future__ import annotations
 
 import collections
+import json
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 import redis
 import trafilatura
 
-from tests.conftest import CliProcess, WorkerProcess, clean_env, redis_url
+from tests.conftest import CliProcess, WorkerProcess, clean_env, redis_url, run_cli
 from tests.testweb import MODEL, LoopbackWeb
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.demo.web import load_corpus
@@ -127,3 +129,38 @@ def api_stack(
         worker.stop()
         client.flushdb()
         client.close()
+
+
+PRIORITY_TOPICS = ["SEI layer growth", "lithium plating cold charging", "calendar vs cycle ageing",
+                   "particle cracking layered oxide cathodes", "electrolyte decomposition gassing",
+                   "LFP versus NMC ageing"]  # fmt: skip
+
+
+def items_after_a_research_job(
+    env: dict[str, str], tmp: Path, client: redis.Redis, start_worker: Callable[..., object]
+) -> tuple[int, dict[str, float]]:
+    """Queue six batch items, then a research job, then start one worker thread: how many
+    items finished after the research job, and every job's finish time."""
+    questions = tmp / "q.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q-{i}", "question": q}) + "\n"
+                                 for i, q in enumerate(PRIORITY_TOPICS)))  # fmt: skip
+    submitted = run_cli(env, "batch", "submit", str(questions), "--name", "f", "--max-sources", "2")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    batch_id = submitted.stdout.strip()
+    research = run_cli(env, "research", "second-life EV packs in stationary storage",
+                       "--max-sources", "2", "--no-wait")  # fmt: skip
+    assert research.returncode == 0, research.stderr[-3000:]
+    job_id = research.stdout.strip()
+    start_worker(env, "-c", "1")
+    jobs = [job_id, *(f"{batch_id}-{i}" for i in range(len(PRIORITY_TOPICS)))]
+    finished: dict[str, float] = {}
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and len(finished) < len(jobs):
+        for job in jobs:
+            at = client.hget(f"webctx:job:{job}:meta", "finished_at")
+            if at:
+                finished[job] = float(at)
+        time.sleep(0.3)
+    assert len(finished) == len(jobs), finished
+    assert client.hget(f"webctx:job:{job_id}:meta", "status") == "succeeded"
+    return sum(at > finished[job_id] for at in finished.values()), finished

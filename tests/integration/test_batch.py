@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from tests.conftest import REDIS_HOST, REDIS_PORT, clean_env, run_cli
-from tests.integration.conftest import ApiProcess
+from tests.integration.conftest import ApiProcess, items_after_a_research_job
 from tests.testweb import LoopbackWeb
 from webctx.batches import BatchStatus, BatchStore
 from webctx.jobs import JobStore
@@ -188,27 +188,8 @@ def test_interactive_job_goes_ahead_of_queued_batch_items(
     """Six batch items queued (low priority), then a research job, then one worker thread
     starts: the research job finishes before most of the items (its tasks go first)."""
     env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="6")
-    topics = ["SEI layer growth", "lithium plating cold charging", "calendar vs cycle ageing",
-              "particle cracking layered oxide cathodes", "electrolyte decomposition gassing",
-              "LFP versus NMC ageing"]  # fmt: skip
-    questions = _write(tmp_path / "q.jsonl", topics)
-    submitted = run_cli(env, "batch", "submit", str(questions), "--name", "f", "--max-sources", "2")
-    assert submitted.returncode == 0, submitted.stderr[-3000:]
-    batch_id = submitted.stdout.strip()
-    research = run_cli(env, "research", "second-life EV packs in stationary storage",
-                       "--max-sources", "2", "--no-wait")  # fmt: skip
-    assert research.returncode == 0, research.stderr[-3000:]
-    job_id = research.stdout.strip()
-    start_worker(env, "-c", "1")
-    _wait(db14, batch_id, "finished", timeout_s=150)
-    jobs = JobStore(db14)
-    assert jobs.status(job_id).value == "succeeded"
-    finished = {
-        j: float(db14.hget(f"webctx:job:{j}:meta", "finished_at") or 0)
-        for j in [job_id, *(f"{batch_id}-{i}" for i in range(len(topics)))]
-    }
-    after = [j for j, at in finished.items() if j != job_id and at > finished[job_id]]
-    assert len(after) >= 4, finished
+    after, finished = items_after_a_research_job(env, tmp_path, db14, start_worker)
+    assert after >= 4, finished
 
 
 def test_embedded_batch_waits_and_writes_every_item_in_input_order(

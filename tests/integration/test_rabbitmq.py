@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import redis
 from kombu import Connection
 
 from tests.conftest import clean_env, redis_url, run_cli
+from tests.integration.conftest import items_after_a_research_job
 from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
 
@@ -82,29 +81,5 @@ def test_interactive_job_goes_ahead_of_queued_batch_items_on_rabbitmq(
     env = clean_env(**test_web.env(), CELERY_BROKER_URL=rabbitmq, WEBCTX_REDIS_URL=redis_url(),
                     WEBCTX_QDRANT_PATH=str(tmp_path / "q"), WEBCTX_BATCH__CONCURRENCY="6",
                     WEBCTX_BATCH__TICK_S="1")  # fmt: skip
-    topics = ["SEI layer growth", "lithium plating cold charging", "calendar vs cycle ageing",
-              "particle cracking layered oxide cathodes", "electrolyte decomposition gassing",
-              "LFP versus NMC ageing"]  # fmt: skip
-    questions = tmp_path / "q.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q-{i}", "question": q}) + "\n"
-                                 for i, q in enumerate(topics)))  # fmt: skip
-    submitted = run_cli(env, "batch", "submit", str(questions), "--name", "f", "--max-sources", "2")
-    assert submitted.returncode == 0, submitted.stderr[-3000:]
-    batch_id = submitted.stdout.strip()
-    research = run_cli(env, "research", "second-life EV packs in stationary storage",
-                       "--max-sources", "2", "--no-wait")  # fmt: skip
-    assert research.returncode == 0, research.stderr[-3000:]
-    job_id = research.stdout.strip()
-    start_worker(env, "-c", "1")
-    items = [f"{batch_id}-{i}" for i in range(len(topics))]
-    deadline = time.monotonic() + 150
-    finished: dict[str, float] = {}
-    while time.monotonic() < deadline and len(finished) < len(items) + 1:
-        for job in [job_id, *items]:
-            at = redis_client.hget(f"webctx:job:{job}:meta", "finished_at")
-            if at:
-                finished[job] = float(at)
-        time.sleep(0.3)
-    assert job_id in finished and len(finished) == len(items) + 1, finished
-    after = [j for j, at in finished.items() if j != job_id and at > finished[job_id]]
-    assert len(after) >= 4, finished
+    after, finished = items_after_a_research_job(env, tmp_path, redis_client, start_worker)
+    assert after >= 4, finished

@@ -129,13 +129,13 @@ class EdgeVectorStore:
     ) -> list[ScoredChunk]:
         """Nearest chunks by cosine similarity among the scope's live pages, without vectors
         (an index search returns text, not vectors: 50 of them cost more than the query)."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
 
     def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
         """Point ids of `search_live`, best first, without payloads."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         hits = self._dense_hits(vector, limit, _scope_filter(scope), payload=False)
         return [str(hit.id) for hit in hits]
@@ -212,13 +212,13 @@ class EdgeVectorStore:
 
     def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
         """Best BM25 matches of `text` among the scope's live pages (no vectors)."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         return self._sparse_query(text, limit, _scope_filter(scope))
 
     def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
         """Point ids of `search_live_sparse`, best first, without payloads."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         return [str(hit.id) for hit in self._sparse_hits(text, limit, _scope_filter(scope),
                                                          payload=False)]  # fmt: skip

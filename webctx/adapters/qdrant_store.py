@@ -112,13 +112,13 @@ class QdrantVectorStore:
         self, vector: Sequence[float], *, limit: int, scope: IndexScope
     ) -> list[ScoredChunk]:
         """Nearest chunks by cosine similarity among the scope's live pages, without vectors."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
 
     def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
         """Point ids of `search_live`, best first, without payloads."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         hits = self._dense_hits(vector, limit, _scope_filter(scope), payload=False)
         return [str(hit.id) for hit in hits]
@@ -200,7 +200,7 @@ class QdrantVectorStore:
 
     def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
         """Best BM25 matches of `text` among the scope's live pages (no vectors)."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         return self._sparse_query(text, limit, _scope_filter(scope))
 
@@ -271,7 +271,7 @@ class QdrantVectorStore:
 
     def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
         """Point ids of `search_live_sparse`, best first, without payloads."""
-        if scope.content_sha256s is not None and not scope.content_sha256s:
+        if scope.selects_nothing:
             return []
         hits = self._sparse_hits(text, limit, _scope_filter(scope), payload=False)
         return [str(hit.id) for hit in hits]
