@@ -9,18 +9,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 import redis
-from qdrant_client import QdrantClient
 
 from tests.conftest import redis_url
 from tests.factories import make_page
-from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
-from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.generations import Change, Commit, tenant_key
 from webctx.index import IndexContext, IndexedPage, PageIndex, search_index
 from webctx.models import Chunk, Page, ScoredChunk, StoredChunk
@@ -73,39 +69,27 @@ def seen_hashes(ctx: IndexContext, query: str = "words") -> set[str]:
 
 
 # -- the marks contract, on every adapter ------------------------------------------------------
-@pytest.fixture(params=["memory", "edge", "qdrant-memory"])
-def live_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveIndexStore]:
-    if request.param == "memory":
-        yield MemoryVectorStore()
-    elif request.param == "edge":
-        edge = EdgeVectorStore(tmp_path / "edge")
-        yield edge
-        edge.close()
-    else:
-        client = QdrantClient(":memory:")
-        yield QdrantVectorStore(client, collection="chunks")
-        client.close()
 
 
 @pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
-def test_marks_make_pages_live_and_dead_by_generation(live_store: LiveIndexStore) -> None:
+def test_marks_make_pages_live_and_dead_by_generation(index_store: LiveIndexStore) -> None:
     a = make_page(url="https://a.test/", text="alpha", title="alpha", site="A.test")
     b = make_page(url="https://b.test/", text="beta", title="beta", site="b.test")
     for page in (a, b):
-        store_page(live_store, page)
+        store_page(index_store, page)
     vector = HashEmbedder().embed(["alpha words 1"])[0]
 
     def found(generation: int, **kw: object) -> set[str]:
         scope = IndexScope(TK, generation, **kw)  # type: ignore[arg-type]
-        dense = live_store.search_live(vector, limit=10, scope=scope)
-        sparse = live_store.search_live_sparse("words", limit=10, scope=scope)
+        dense = index_store.search_live(vector, limit=10, scope=scope)
+        sparse = index_store.search_live_sparse("words", limit=10, scope=scope)
         assert {h.chunk.content_sha256 for h in dense} == {h.chunk.content_sha256 for h in sparse}
         return {h.chunk.content_sha256 for h in dense}
 
     assert found(5) == set()  # stored, never marked: invisible
-    live_store.mark_pages(tenant_key=TK, generation=1, live={a.content_sha256: "a.test"}, dead=[])
+    index_store.mark_pages(tenant_key=TK, generation=1, live={a.content_sha256: "a.test"}, dead=[])
     assert found(0) == set() and found(1) == {a.content_sha256}
-    live_store.mark_pages(tenant_key=TK, generation=2, live={b.content_sha256: "b.test"},
+    index_store.mark_pages(tenant_key=TK, generation=2, live={b.content_sha256: "b.test"},
                           dead=[a.content_sha256])  # fmt: skip
     assert found(1) == {a.content_sha256}  # a searcher still at 1 sees the old page only
     assert found(2) == {b.content_sha256}
@@ -113,42 +97,42 @@ def test_marks_make_pages_live_and_dead_by_generation(live_store: LiveIndexStore
     assert found(2, content_sha256s=[a.content_sha256]) == set()
     assert found(2, content_sha256s=[]) == set()
     other = IndexScope("0" * 16, 2)
-    assert live_store.search_live(vector, limit=10, scope=other) == []
-    live_store.mark_pages(tenant_key=TK, generation=3, live={a.content_sha256: "a.test"}, dead=[])
+    assert index_store.search_live(vector, limit=10, scope=other) == []
+    index_store.mark_pages(tenant_key=TK, generation=3, live={a.content_sha256: "a.test"}, dead=[])
     assert found(3) == {a.content_sha256, b.content_sha256}  # revived: its `until` cleared
-    store_page(live_store, a)  # a research job stores the same content-addressed points
+    store_page(index_store, a)  # a research job stores the same content-addressed points
     assert found(3) == {a.content_sha256, b.content_sha256}  # the marks survive
-    assert live_store.optimize() in (True, False)
+    assert index_store.optimize() in (True, False)
 
 
 @pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
 def test_ranking_by_id_matches_the_searches_and_retrieve_reads_only_those(
-    live_store: LiveIndexStore,
+    index_store: LiveIndexStore,
 ) -> None:
     pages = [make_page(url=f"https://s.test/{i}", text=f"text {i}", title=f"t{i}")
              for i in range(3)]  # fmt: skip
     points = {p.id: p for page in pages for p in page_points(page)}
     for page in pages:
-        store_page(live_store, page)
-    live_store.mark_pages(tenant_key=TK, generation=1, dead=[],
+        store_page(index_store, page)
+    index_store.mark_pages(tenant_key=TK, generation=1, dead=[],
                           live={p.content_sha256: "s.test" for p in pages})  # fmt: skip
     scope, vector = IndexScope(TK, 1), HashEmbedder().embed(["t1 words 2"])[0]
-    dense = live_store.rank_live(vector, limit=4, scope=scope)
-    sparse = live_store.rank_live_sparse("t1 words", limit=4, scope=scope)
+    dense = index_store.rank_live(vector, limit=4, scope=scope)
+    sparse = index_store.rank_live_sparse("t1 words", limit=4, scope=scope)
     key = {pid: (p.chunk.content_sha256, p.chunk.start) for pid, p in points.items()}
     searched = [[(h.chunk.content_sha256, h.chunk.start) for h in hits] for hits in (
-        live_store.search_live(vector, limit=4, scope=scope),
-        live_store.search_live_sparse("t1 words", limit=4, scope=scope))]  # fmt: skip
+        index_store.search_live(vector, limit=4, scope=scope),
+        index_store.search_live_sparse("t1 words", limit=4, scope=scope))]  # fmt: skip
     assert [[key[pid] for pid in ids] for ids in (dense, sparse)] == searched
     assert len(dense) == 4 and dense[0] == points[dense[0]].id
-    assert live_store.rank_live(vector, limit=4, scope=IndexScope(TK, 0)) == []
-    assert live_store.rank_live_sparse("t1", limit=4, scope=IndexScope(TK, 1, site="x")) == []
+    assert index_store.rank_live(vector, limit=4, scope=IndexScope(TK, 0)) == []
+    assert index_store.rank_live_sparse("t1", limit=4, scope=IndexScope(TK, 1, site="x")) == []
     gone = "00000000-0000-5000-8000-000000000000"
-    got = live_store.retrieve([dense[0], sparse[0], gone])
+    got = index_store.retrieve([dense[0], sparse[0], gone])
     assert set(got) == {dense[0], sparse[0]}
     for pid, point in got.items():
         assert point.model_dump() == points[pid].model_copy(update={"vector": []}).model_dump()
-    assert live_store.retrieve([]) == {}
+    assert index_store.retrieve([]) == {}
 
 
 # -- the commit protocol ----------------------------------------------------------------------

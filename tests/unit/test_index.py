@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from qdrant_client import QdrantClient
 
 from tests.conftest import redis_url
 from tests.factories import make_page
-from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
-from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.errors import HTTPStatusError
 from webctx.index import IndexContext, PageIndex, refresh_source, search_index, sweep
 from webctx.jobs import JobStore
@@ -268,18 +265,6 @@ def test_registry_claims_each_due_run_once_across_racing_ticks(r: redis.Redis) -
 
 
 # -- the IndexStore methods, on every adapter ------------------------------------------------
-@pytest.fixture(params=["memory", "edge", "qdrant-memory"])
-def index_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[IndexStore]:
-    if request.param == "memory":
-        yield MemoryVectorStore()
-    elif request.param == "edge":
-        edge = EdgeVectorStore(tmp_path / "edge")
-        yield edge
-        edge.close()
-    else:
-        client = QdrantClient(":memory:")
-        yield QdrantVectorStore(client, collection="chunks")
-        client.close()
 
 
 def _points(url: str, texts: list[str]) -> list[StoredChunk]:
