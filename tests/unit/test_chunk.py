@@ -146,6 +146,30 @@ def test_chunk_ends_at_paragraph_break_when_one_is_near() -> None:
     assert [c.text for c in chunks] == [f"{paragraph}\n{paragraph}"] * 3
 
 
+@pytest.mark.parametrize("abbreviation", ["3 p.m.", "e.g.", "approx.", "vs."])
+def test_abbreviation_before_a_lower_case_word_does_not_end_a_sentence(abbreviation: str) -> None:
+    intro = "Fans came from far away to watch the final."
+    head = f"The match began at {abbreviation}"
+    text = f"{intro} {head} on a wet Sunday in the rain. It ended late."
+    # Room for the intro and the sentence's head, not for the whole sentence: a cut after the
+    # abbreviation would fill the first chunk with the head.
+    page = make_page(text=text)
+    chunks = chunk_page(page, max_tokens=count_tokens(f"{intro} {head}") + 1, overlap_tokens=0)
+    _assert_well_formed(page, chunks, count_tokens(f"{intro} {head}") + 1)
+    assert [c.text for c in chunks][:1] == [intro]
+    assert any(c.text.startswith(f"{head} on a wet Sunday") for c in chunks)
+
+
+def test_sentence_ends_before_a_capitalised_word_after_a_period() -> None:
+    text = "It rained in the afternoon. Play resumed at six in the evening."
+    page = make_page(text=text)
+    chunks = chunk_page(page, max_tokens=count_tokens("It rained in the afternoon.") + 2,
+                        overlap_tokens=0)  # fmt: skip
+    assert [c.text for c in chunks] == [
+        "It rained in the afternoon.", "Play resumed at six in the evening."
+    ]
+
+
 @pytest.mark.parametrize("text", ["", " ", "\n\r\n\t \u3000\u2028"])
 def test_text_without_content_gives_no_chunks(text: str) -> None:
     assert chunk_page(make_page(text=text)) == []

@@ -17,10 +17,12 @@ from itertools import accumulate
 from webctx.models import Chunk, Page
 from webctx.tokens import count_tokens
 
-# A sentence runs to terminal punctuation (plus closing quotes) followed by whitespace, to
-# CJK terminal punctuation, or to the end of the line: trafilatura puts one paragraph per line.
+# A sentence runs to terminal punctuation (plus closing quotes) followed by whitespace and
+# then anything but a lower-case letter ("at 3 p.m. on", "e.g. the" go on), to CJK terminal
+# punctuation, or to the end of the line: trafilatura puts one paragraph per line.
 _SENTENCE = re.compile(
-    r"\S.*?(?:[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+[\"'”’»)\]]*|$)", re.MULTILINE
+    r"\S.*?(?:[.!?…]+[\"'”’»)\]]*(?=[^\S\n]*$|\s+(?![a-zß-ÿ]))|[。！？]+[\"'”’»)\]]*|$)",
+    re.MULTILINE,
 )
 _WORD = re.compile(r"\S+")
 _LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
