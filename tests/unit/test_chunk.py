@@ -166,7 +166,8 @@ def test_sentence_ends_before_a_capitalised_word_after_a_period() -> None:
     chunks = chunk_page(page, max_tokens=count_tokens("It rained in the afternoon.") + 2,
                         overlap_tokens=0)  # fmt: skip
     assert [c.text for c in chunks] == [
-        "It rained in the afternoon.", "Play resumed at six in the evening."
+        "It rained in the afternoon.",
+        "Play resumed at six in the evening.",
     ]
 
 
