@@ -74,6 +74,7 @@ class PageIndex:
         self.generations = Generations(client, PREFIX)
         self._queue_lock = threading.Lock()
         self._queues: dict[str, list[_Ticket]] = {}
+        self._records_script = client.register_script(_RECORDS)
 
     def _pages(self, tenant: str) -> str:
         return f"{PREFIX}:{tenant}:pages"
@@ -338,22 +339,18 @@ class PageIndex:
                           site=site_of(site) if site else None, content_sha256s=hashes)  # fmt: skip
 
     def records_of(self, tenant: str, hashes: Sequence[str]) -> dict[str, IndexedPage]:
-        """sha -> a record of the tenant pointing at it (a search's hits' metadata); a hash
-        switched away from since the search is described from its stored Page."""
+        """sha -> a record of the tenant pointing at it (a search's hits' metadata), read in
+        one round trip; a hash switched away from since the search is described from its
+        stored Page."""
         unique = list(dict.fromkeys(hashes))
-        pipe = self.r.pipeline(transaction=False)
-        for sha in unique:
-            pipe.smembers(self._refs(sha))
-        urls = {sha: sorted(m.split(" ", 1)[1] for m in members if m.startswith(f"{tenant} "))
-                for sha, members in zip(unique, pipe.execute(), strict=True)}  # fmt: skip
-        wanted = [u for us in urls.values() for u in us]
-        found = self.seen(tenant, wanted) if wanted else {}
-        out: dict[str, IndexedPage] = {}
-        for sha in unique:
-            match = [found[u][1] for u in urls[sha] if u in found]
-            record = next((r for r in match if r.content_sha256 == sha), None)
-            out[sha] = record or self._described(sha)
-        return out
+        if not unique:
+            return {}
+        raws = cast(list[str | None], self._records_script(
+            keys=[self._pages(tenant), *(self._refs(sha) for sha in unique)],
+            args=[f"{tenant} ", *unique],
+        ))  # fmt: skip
+        return {sha: IndexedPage.model_validate_json(raw) if raw else self._described(sha)
+                for sha, raw in zip(unique, raws, strict=True)}  # fmt: skip
 
     def _described(self, sha: str) -> IndexedPage:
         page = self.stored_page(sha)
@@ -424,4 +421,30 @@ for i = 1, #ARGV, 3 do
   end
 end
 return n
+"""
+
+# Per hash (KEYS[2..], ARGV[2..]): the first URL of the tenant (ARGV[1] is "<tenant> ") in
+# the hash's refs, in URL order, whose record still points at that hash; false if none.
+_RECORDS = """
+local out = {}
+local prefix = ARGV[1]
+for i = 2, #KEYS do
+  local urls = {}
+  for _, member in ipairs(redis.call('SMEMBERS', KEYS[i])) do
+    if string.sub(member, 1, #prefix) == prefix then
+      urls[#urls + 1] = string.sub(member, #prefix + 1)
+    end
+  end
+  table.sort(urls)
+  local found = false
+  for _, url in ipairs(urls) do
+    local raw = redis.call('HGET', KEYS[1], url)
+    if raw and cjson.decode(raw)['content_sha256'] == ARGV[i] then
+      found = raw
+      break
+    end
+  end
+  out[#out + 1] = found
+end
+return out
 """
