@@ -37,7 +37,7 @@ from webctx.models import Download
 from webctx.netguard import AddressPolicy
 from webctx.ports import BatchFetcher, Revalidation
 from webctx.settings import FetchSettings
-from webctx.stages.fetch import extract_page, fetch_page
+from webctx.stages.fetch import detect_interstitial, extract_page, fetch_page
 
 SETTINGS = FetchSettings(
     connect_timeout_s=0.5,
@@ -421,6 +421,21 @@ def test_page_already_holding_a_stand_in_character_is_extracted_as_before() -> N
                         status=200, content_type="text/html", body=markup.encode())  # fmt: skip
     text = extract_page(download).text
     assert "\U0001f700" in text and "\u200b" not in text and "zerowidth" in text
+
+
+@pytest.mark.parametrize(
+    ("markup", "found"),
+    [
+        ('<div id="CF-Challenge-Form">', "cf-challenge"),
+        ('<script src="/cdn-cgi/challenge-platform/x">', "challenge-platform"),
+        ('<form class="g-recaptcha">', None),
+    ],
+)
+def test_short_page_with_challenge_markup_is_an_interstitial(
+    markup: str, found: str | None
+) -> None:
+    assert detect_interstitial("Example", "One moment.", f"<html>{markup}</html>") == found
+    assert detect_interstitial("Example", "x " * 1500, f"<html>{markup}</html>") is None
 
 
 def test_extract_page_rejects_near_empty_page(site: Site, fetcher: HttpxFetcher) -> None:

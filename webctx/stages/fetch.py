@@ -51,7 +51,9 @@ _INTERSTITIAL = re.compile(
 # Markup of challenge pages only: reCAPTCHA/hCaptcha widgets (g-recaptcha, h-captcha) also sit
 # in comment and newsletter forms of ordinary articles (7 of 181 pages of the extraction
 # benchmark were refused for them); a challenge built on them says so in its text.
-_CHALLENGE_MARKUP = re.compile(r"cf-challenge|challenge-platform|cf_chl_|px-captcha|datadome", re.I)
+# Matched as plain substrings of the lower-cased markup: a case-insensitive regex alternation
+# over 200 kB took 1.3 ms a page on the extraction benchmark, 5 % of extracting it.
+_CHALLENGE_MARKUP = ("cf-challenge", "challenge-platform", "cf_chl_", "px-captcha", "datadome")
 
 
 @dataclass
@@ -138,8 +140,11 @@ def detect_interstitial(title: str, text: str, html: str) -> str | None:
     """The tell-tale phrase if this looks like a block/CAPTCHA/"enable JavaScript" page."""
     if len(text) > _INTERSTITIAL_MAX_CHARS:
         return None
-    match = _INTERSTITIAL.search(f"{title}\n{text}") or _CHALLENGE_MARKUP.search(html[:200_000])
-    return match.group(0).lower() if match else None
+    match = _INTERSTITIAL.search(f"{title}\n{text}")
+    if match:
+        return match.group(0).lower()
+    markup = html[:200_000].lower()
+    return next((marker for marker in _CHALLENGE_MARKUP if marker in markup), None)
 
 
 def _extract_html(html: str, url: str) -> tuple[str, _Meta]:
