@@ -39,7 +39,6 @@ import argparse
 import random
 import sys
 import time
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,17 +188,16 @@ def run_webctx(
 class Citations:
     """Bundle chunks checked against their source text and the served HTML.
 
-    `verbatim` compares with the page's text as served; `visible` also drops invisible
-    format characters (Unicode Cf: U+200B, U+200E, U+FEFF, soft hyphen), which trafilatura
-    strips while extracting and a browser does not draw."""
+    `verbatim` compares with the page's text as served (tags removed, entities decoded),
+    invisible format characters (U+200B, U+200E, U+FEFF...) included: extraction keeps them
+    (webctx.stages.format_chars)."""
 
     web: QAWeb
     chunks: int = 0
     exact: int = 0
     verbatim: int = 0
-    visible: int = 0
     missing: list[str] = field(default_factory=list)
-    _served: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _served: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, job: Job, bundle: Bundle) -> None:
         pages = {p.content_sha256: p for p in job.pages}
@@ -210,19 +208,11 @@ class Citations:
         for chunk in bundle.chunks:
             url = by_id[chunk.source].final_url
             if url not in self._served:
-                served = visible_text(self.web.served.get(url, ""))
-                self._served[url] = (served, normalize(drop_format_chars(served)))
-            quote = normalize(chunk.text)
-            self.verbatim += quote in self._served[url][0]
-            seen = quote in self._served[url][1]
-            self.visible += seen
+                self._served[url] = visible_text(self.web.served.get(url, ""))
+            seen = normalize(chunk.text) in self._served[url]
+            self.verbatim += seen
             if not seen:
                 self.missing.append(chunk.text)
-
-
-def drop_format_chars(text: str) -> str:
-    """`text` without Unicode format characters (category Cf), which are not drawn."""
-    return "".join(c for c in text if unicodedata.category(c) != "Cf")
 
 
 def question_vectors(jobs: Sequence[Job], embedder: Embedder) -> None:
@@ -435,10 +425,9 @@ def report(runs: dict[int, SeedRun], citations: Citations, clock: Clock, web: QA
         f"\nCitations (seed {min(runs)}, every chunk of every bundle): "
         f"{citations.exact}/{citations.chunks} equal source_text[start:end]; "
         f"{citations.verbatim}/{citations.chunks} appear verbatim (whitespace-normalised) in "
-        f"the page as served, {citations.visible}/{citations.chunks} once invisible format "
-        "characters (Unicode Cf: U+200B, U+200E, U+FEFF) are dropped from the served page: "
-        "trafilatura removes them while extracting, so a chunk around one differs from the "
-        "served text only by a character a browser does not draw. Failed fetches: "
+        "the page as served (target 100 %), invisible format characters (U+200B, U+200E, "
+        "U+FEFF) included: trafilatura drops them, extraction puts them back "
+        "(webctx.stages.format_chars). Failed fetches: "
         f"{sum(len(j.failures) for r in runs.values() for j in r.jobs)}. Run time "
         f"{clock.total():.0f} s ({web.embedder.computed} texts embedded, the rest from the "
         f"bench/out/ cache): {phases}."
