@@ -120,9 +120,7 @@ def retrieve_candidates(
     )
     # A point's stored url is whichever job wrote it last; cite this job's URL.
     candidates = [
-        ScoredChunk(
-            chunk=c.chunk, url=pages[c.chunk.content_sha256].url, score=c.score, vector=c.vector
-        )
+        c.model_copy(update={"url": pages[c.chunk.content_sha256].url})  # no re-validation
         for c in found
         if c.chunk.content_sha256 in pages
     ]

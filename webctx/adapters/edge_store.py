@@ -84,7 +84,7 @@ def _dense(vector: object) -> list[float]:
         vector = vector.get("")
     if not isinstance(vector, list):
         raise ProviderError(PROVIDER, f"unexpected vector type {type(vector).__name__}")
-    return [float(x) for x in vector]
+    return vector  # the engine's own list of floats (a model built from it validates them)
 
 
 class EdgeVectorStore:

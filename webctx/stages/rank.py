@@ -49,10 +49,12 @@ def bm25_scores(
     query: str, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75
 ) -> list[float]:
     """Okapi BM25 of each text for `query`, document frequencies taken over `texts`."""
-    docs = [Counter(w.lower() for w in _WORD.findall(t)) for t in texts]
+    # Lower-cased before splitting (one call per text, not per word): a third of the time
+    # of ranking a job's ~1,000 candidates went to per-word lower().
+    docs = [Counter(_WORD.findall(t.lower())) for t in texts]
     if not docs:
         return []
-    terms = {w.lower() for w in _WORD.findall(query)}
+    terms = set(_WORD.findall(query.lower()))
     lengths = [sum(d.values()) for d in docs]
     avg = sum(lengths) / len(docs) or 1.0
     n = len(docs)

@@ -69,5 +69,5 @@ def scored_chunk(
         chunk=Chunk.model_validate(dict(payload)),
         url=str(payload["url"]),
         score=float(score),
-        vector=[float(x) for x in vector],
+        vector=vector if isinstance(vector, list) else list(vector),  # validated as floats
     )
