@@ -461,7 +461,7 @@ def test_extract_page_gives_up_after_timeout(monkeypatch: pytest.MonkeyPatch) ->
     assert time.monotonic() - started < 0.5
 
 
-def test_revalidations_reuse_one_kept_alive_connection_and_report_failures() -> None:
+def test_revalidations_reuse_kept_alive_connections_and_report_failures() -> None:
     ports: list[int] = []
     inner = make_site_app({"/p": SitePage(ARTICLE)})
 
@@ -476,7 +476,7 @@ def test_revalidations_reuse_one_kept_alive_connection_and_report_failures() -> 
         with LoopbackServer(app) as server:
             first = fetcher.fetch(f"{server.url}/p")
             again = Revalidation(f"{server.url}/p", etag=first.etag)
-            requests = [again] * 5 + [Revalidation(f"{server.url}/missing"),
+            requests = [again] * 5 + [Revalidation(f"{server.url}/missing", etag='"gone"'),
                                       Revalidation("ftp://127.0.0.1/p")]  # fmt: skip
             results = dict(fetcher.fetch_many(requests, window=1))
             assert fetcher.fetch(f"{server.url}/p", etag=first.etag).status == 304
@@ -486,4 +486,83 @@ def test_revalidations_reuse_one_kept_alive_connection_and_report_failures() -> 
     missing, refused = results[5], results[6]
     assert isinstance(missing, HTTPStatusError) and missing.status == 404
     assert isinstance(refused, BlockedURL)
-    assert len(ports) == 8 and len(set(ports)) == 1  # every request on the first connection
+    # The revalidations (5 x 304, then the 404 read to its end) share one kept-alive
+    # connection of the lean path; the two plain fetches share one of the httpx pool.
+    assert len(ports) == 8, ports
+    assert len(set(ports[1:7])) == 1 and ports[0] == ports[7] != ports[1]
+
+
+def _revalidate(fetcher: HttpxFetcher, url: str, etag: str) -> Download | FetchError:
+    [(_, result)] = list(fetcher.fetch_many([Revalidation(url, etag=etag)], window=1))
+    return result
+
+
+def test_revalidation_of_a_changed_page_falls_back_to_a_full_fetch(
+    site: Site, fetcher: HttpxFetcher
+) -> None:
+    before = site.hits["/article"]
+    result = _revalidate(fetcher, site.url("/article"), '"v0"')
+    assert isinstance(result, Download) and result.status == 200
+    assert b"Lithium plating" in result.body and result.etag == '"v1"'
+    assert site.hits["/article"] - before == 2  # the lean GET saw a 200, the full path read it
+
+
+def test_revalidation_of_a_redirect_is_followed_by_the_full_path(
+    site: Site, fetcher: HttpxFetcher
+) -> None:
+    result = _revalidate(fetcher, site.url("/hop"), '"v1"')
+    assert isinstance(result, Download) and result.final_url == site.url("/article")
+    assert isinstance(_revalidate(fetcher, site.url("/loop"), '"v1"'), FetchError)
+
+
+def test_revalidation_never_connects_to_a_forbidden_address(
+    site: Site, fetcher: HttpxFetcher
+) -> None:
+    named = HttpxFetcher(SETTINGS, policy=LOOPBACK_ONLY,
+                         resolver=lambda host, port: ["127.0.0.2"])  # fmt: skip
+    port = site.other.url.rsplit(":", 1)[1]
+    try:
+        for guarded, url in (
+            (fetcher, f"{site.other.url}/"),
+            (named, f"http://other.test:{port}/"),
+        ):
+            assert isinstance(_revalidate(guarded, url, '"v1"'), BlockedURL)
+    finally:
+        named.close()
+    assert site.other_hits.total() == 0
+
+
+def test_revalidation_of_a_hanging_page_times_out(site: Site, fetcher: HttpxFetcher) -> None:
+    started = time.monotonic()
+    assert isinstance(_revalidate(fetcher, site.url("/slow"), '"v1"'), FetchTimeout)
+    assert time.monotonic() - started < SETTINGS.total_timeout_s + MARGIN_S
+
+
+def test_revalidation_reconnects_when_the_server_dropped_the_kept_connection() -> None:
+    """A server that closes every connection after its 304 (without saying so)."""
+    accepted: list[int] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(4096)
+                conn.sendall(b'HTTP/1.1 304 Not Modified\r\nETag: "a"\r\n\r\n')
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/p"
+    fetcher = HttpxFetcher(SETTINGS, policy=LOOPBACK_ONLY, resolver=no_dns)
+    try:
+        results = [_revalidate(fetcher, url, '"a"') for _ in range(3)]
+    finally:
+        fetcher.close()
+        listener.close()
+    assert [getattr(r, "status", r) for r in results] == [304, 304, 304]
+    assert len(accepted) == 3

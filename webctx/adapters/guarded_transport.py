@@ -43,8 +43,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        addresses = await self._resolve(host, port, timeout)
-        check_port(host, port, addresses, policy=self._policy, allowed_ports=self._allowed_ports)
+        addresses = await self.addresses(host, port, timeout)
         error: httpcore.ConnectError | None = None
         for address in addresses:
             try:
@@ -54,6 +53,12 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
             except httpcore.ConnectError as exc:  # try the next checked address
                 error = exc
         raise error or httpcore.ConnectError(f"no address for {host}")
+
+    async def addresses(self, host: str, port: int, timeout: float | None) -> list[IPAddress]:
+        """The host's addresses, each checked by the policy, the port checked for them."""
+        addresses = await self._resolve(host, port, timeout)
+        check_port(host, port, addresses, policy=self._policy, allowed_ports=self._allowed_ports)
+        return addresses
 
     async def _resolve(self, host: str, port: int, timeout: float | None) -> list[IPAddress]:
         lookup = functools.partial(

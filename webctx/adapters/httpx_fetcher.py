@@ -38,13 +38,19 @@ from typing import Any, TypeVar
 import httpcore
 import httpx
 
-from webctx.adapters.guarded_transport import GuardedBackend, GuardedTransport, for_url
+from webctx.adapters.guarded_transport import (
+    GuardedBackend,
+    GuardedTransport,
+    for_url,
+    translated,
+)
 from webctx.adapters.http_body import (
     BodyDecoder,
     looks_binary,
     parse_content_type,
     sniff_text_type,
 )
+from webctx.adapters.revalidate import DRAIN_BYTES, REDIRECTS, Revalidator
 from webctx.errors import (
     BlockedURL,
     ContentTooLarge,
@@ -73,15 +79,11 @@ from webctx.settings import FetchSettings
 logger = logging.getLogger(__name__)
 
 ACCEPTED_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain"})
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEADERS = {"Accept": "text/html,application/xhtml+xml;q=0.9,text/plain;q=0.8",
             "Accept-Encoding": "gzip, deflate"}  # fmt: skip # only what BodyDecoder inflates
 KEEPALIVE_S = 2.0
 """An idle connection is closed after this; below common servers' own idle timeouts (5 s),
 so a request is not sent on a connection the server is closing."""
-_DRAIN_BYTES = 64 * 1024
-"""An error response declaring at most this much is read to its end, so its connection
-can be reused (a 404 page during a re-index); a longer or unsized one closes it."""
 # This fetch's conditional headers (page hops only) and accepted media types: per task.
 _CALL: contextvars.ContextVar[tuple[dict[str, str], frozenset[str]]] = contextvars.ContextVar(
     "webctx_fetch_call"
@@ -119,6 +121,7 @@ class HttpxFetcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_pid = 0
         self._client: httpx.AsyncClient | None = None
+        self._revalidator: Revalidator | None = None
 
     def fetch(
         self,
@@ -165,9 +168,10 @@ class HttpxFetcher:
         done: queue.SimpleQueue[tuple[int, Download | FetchError]],
     ) -> None:
         async def one(i: int, req: Revalidation) -> None:
+            conditional = _conditional(req.etag, req.last_modified)
             try:
-                done.put((i, await self._fetch(req.url, _conditional(req.etag, req.last_modified),
-                                               ACCEPTED_TYPES)))  # fmt: skip
+                quick = await self._revalidate(req.url, conditional) if conditional else None
+                done.put((i, quick or await self._fetch(req.url, conditional, ACCEPTED_TYPES)))
             except FetchError as exc:
                 done.put((i, exc))
             except Exception as exc:  # never leave the consumer waiting on a lost item
@@ -217,6 +221,7 @@ class HttpxFetcher:
                                           name="webctx-fetch-loop")  # fmt: skip
                 thread.start()
                 self._loop, self._loop_pid, self._client = loop, os.getpid(), None
+                self._revalidator = None
                 self._slots = weakref.WeakValueDictionary()
             return self._loop
 
@@ -224,6 +229,9 @@ class HttpxFetcher:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+        revalidator, self._revalidator = self._revalidator, None
+        if revalidator is not None:
+            await revalidator.aclose()
 
     async def _fetch(
         self, url: str, headers: dict[str, str], types: frozenset[str] = ACCEPTED_TYPES
@@ -244,6 +252,47 @@ class HttpxFetcher:
             extra = {"url": url, "final_url": download.final_url, "status": download.status}
             logger.debug("page fetched", extra=extra | {"bytes": len(download.body), "ms": ms})
         return download
+
+    async def _revalidate(self, url: str, conditional: dict[str, str]) -> Download | None:
+        """A revalidation on the lean path (`webctx.adapters.revalidate`): a 304 Download,
+        an HTTPStatusError, or None when the full path must fetch the URL (a 2xx or a
+        redirect came back, or the connection failed before an answer)."""
+        total = self._settings.total_timeout_s
+        deadline = time.monotonic() + total
+        if self._client is None:  # robots.txt is read through the full client
+            self._client = self._new_client()
+        if self._revalidator is None:
+            self._revalidator = self._new_revalidator()
+        target = _checked_url(url)
+        try:
+            async with asyncio.timeout(total):
+                if self._politeness is not None:
+                    await self._be_polite(self._politeness, self._client, target, deadline)
+                async with self._host_slot(url, target.host, deadline):
+                    with translated(url):
+                        answer = await self._revalidator.ask(target, conditional)
+        except TimeoutError as exc:
+            raise FetchTimeout(url, f"no complete response within {total}s") from exc
+        except FetchError as exc:
+            raise exc if exc.url == url else for_url(exc, url) from exc
+        if answer is None:
+            return None
+        self._note(target.host, answer.status, answer.retry_after)
+        if answer.status != 304:
+            raise HTTPStatusError(url, f"HTTP {answer.status}", status=answer.status)
+        return Download(url=url, final_url=url, status=304, content_type="", body=b"",
+                        etag=answer.etag, last_modified=answer.last_modified)  # fmt: skip
+
+    def _new_revalidator(self) -> Revalidator:
+        s = self._settings
+        backend = GuardedBackend(self._policy, self._resolver, self._dns,
+                                 frozenset(s.allowed_ports))  # fmt: skip
+        return Revalidator(
+            backend, ssl_context=self._ssl_context, user_agent=s.user_agent,
+            accept=_HEADERS["Accept"], connect_timeout_s=s.connect_timeout_s,
+            read_timeout_s=s.read_timeout_s, keepalive_s=KEEPALIVE_S,
+            max_idle_per_origin=s.per_host_concurrency,
+        )  # fmt: skip
 
     def _new_client(self) -> httpx.AsyncClient:
         ports = frozenset(self._settings.allowed_ports)
@@ -373,7 +422,7 @@ class HttpxFetcher:
                             last_modified=response.headers.get("last-modified"))  # fmt: skip
         if not 200 <= response.status_code < 300:
             declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) <= _DRAIN_BYTES:  # keep the connection
+            if declared.isdigit() and int(declared) <= DRAIN_BYTES:  # keep the connection
                 async for _ in response.aiter_raw():
                     pass
             raise HTTPStatusError(
@@ -405,14 +454,16 @@ class HttpxFetcher:
         )
 
     def _note_status(self, response: httpx.Response) -> None:
+        self._note(response.url.host, response.status_code, response.headers.get("retry-after"))
+
+    def _note(self, host: str, status: int, retry_after: str | None) -> None:
         """Tell the pacer how the host is doing: 429/503 pause it, anything else does not."""
         if self._politeness is None:
             return
-        pacer, host = self._politeness.pacer, response.url.host
-        if response.status_code in (429, 503):
-            retry_after = parse_retry_after(response.headers.get("retry-after"))
-            pause = pacer.busy(host, retry_after)
-            logger.info("host paused", extra={"host": host, "status": response.status_code,
+        pacer = self._politeness.pacer
+        if status in (429, 503):
+            pause = pacer.busy(host, parse_retry_after(retry_after))
+            logger.info("host paused", extra={"host": host, "status": status,
                                               "pause_s": pause})  # fmt: skip
         else:
             pacer.ok(host)
@@ -450,6 +501,6 @@ def _checked_url(url: str) -> httpx.URL:
 
 
 def _redirect_location(response: httpx.Response) -> str | None:
-    if response.status_code in _REDIRECTS:
+    if response.status_code in REDIRECTS:
         return response.headers.get("location") or None
     return None
