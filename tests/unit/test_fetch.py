@@ -497,14 +497,24 @@ def _revalidate(fetcher: HttpxFetcher, url: str, etag: str) -> Download | FetchE
     return result
 
 
-def test_revalidation_of_a_changed_page_falls_back_to_a_full_fetch(
+def test_revalidation_of_a_changed_page_downloads_it_once(
     site: Site, fetcher: HttpxFetcher
 ) -> None:
     before = site.hits["/article"]
     result = _revalidate(fetcher, site.url("/article"), '"v0"')
     assert isinstance(result, Download) and result.status == 200
     assert b"Lithium plating" in result.body and result.etag == '"v1"'
-    assert site.hits["/article"] - before == 2  # the lean GET saw a 200, the full path read it
+    assert result.content_type == "text/html"
+    assert site.hits["/article"] - before == 1
+
+
+@pytest.mark.parametrize(("path", "error"), [("/huge", ContentTooLarge), ("/bomb", ContentTooLarge),
+                                             ("/pdf", UnsupportedContent),
+                                             ("/binary-as-html", UnsupportedContent)])  # fmt: skip
+def test_revalidation_answered_with_a_body_keeps_every_cap(
+    site: Site, fetcher: HttpxFetcher, path: str, error: type[FetchError]
+) -> None:
+    assert isinstance(_revalidate(fetcher, site.url(path), '"v0"'), error)
 
 
 def test_revalidation_of_a_redirect_is_followed_by_the_full_path(

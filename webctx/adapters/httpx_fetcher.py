@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -254,9 +254,9 @@ class HttpxFetcher:
         return download
 
     async def _revalidate(self, url: str, conditional: dict[str, str]) -> Download | None:
-        """A revalidation on the lean path (`webctx.adapters.revalidate`): a 304 Download,
-        an HTTPStatusError, or None when the full path must fetch the URL (a 2xx or a
-        redirect came back, or the connection failed before an answer)."""
+        """A revalidation on the lean path (`webctx.adapters.revalidate`): a 304 or 200
+        Download, an HTTPStatusError, or None when the full path must fetch the URL (a
+        redirect, a body the lean path does not read, a connection that failed)."""
         total = self._settings.total_timeout_s
         deadline = time.monotonic() + total
         if self._client is None:  # robots.txt is read through the full client
@@ -270,18 +270,28 @@ class HttpxFetcher:
                     await self._be_polite(self._politeness, self._client, target, deadline)
                 async with self._host_slot(url, target.host, deadline):
                     with translated(url):
-                        answer = await self._revalidator.ask(target, conditional)
+                        answer = await self._revalidator.ask(
+                            target, conditional, types=ACCEPTED_TYPES,
+                            max_body=self._settings.max_bytes,
+                        )  # fmt: skip
         except TimeoutError as exc:
             raise FetchTimeout(url, f"no complete response within {total}s") from exc
         except FetchError as exc:
             raise exc if exc.url == url else for_url(exc, url) from exc
         if answer is None:
             return None
-        self._note(target.host, answer.status, answer.retry_after)
-        if answer.status != 304:
+        headers = answer.headers
+        self._note(target.host, answer.status, headers.get("retry-after"))
+        if answer.status == 304:
+            return Download(url=url, final_url=url, status=304, content_type="", body=b"",
+                            etag=headers.get("etag"),
+                            last_modified=headers.get("last-modified"))  # fmt: skip
+        if not 200 <= answer.status < 300:
             raise HTTPStatusError(url, f"HTTP {answer.status}", status=answer.status)
-        return Download(url=url, final_url=url, status=304, content_type="", body=b"",
-                        etag=answer.etag, last_modified=answer.last_modified)  # fmt: skip
+        media, charset = self._check_head(url, headers, ACCEPTED_TYPES)
+        decoder = BodyDecoder(url, headers.get("content-encoding", ""), self._settings.max_bytes)
+        decoder.feed(answer.body)
+        return _body_download(url, url, answer.status, headers, media, charset, decoder.finish())
 
     def _new_revalidator(self) -> Revalidator:
         s = self._settings
@@ -428,30 +438,28 @@ class HttpxFetcher:
             raise HTTPStatusError(
                 final_url, f"HTTP {response.status_code}", status=response.status_code
             )
-        media, charset = parse_content_type(response.headers.get("content-type", ""))
+        media, charset = self._check_head(final_url, response.headers, types)
+        decoder = BodyDecoder(
+            final_url, response.headers.get("content-encoding", ""), self._settings.max_bytes
+        )
+        async for raw in response.aiter_raw():
+            decoder.feed(raw)
+        return _body_download(url, final_url, response.status_code, response.headers,
+                              media, charset, decoder.finish())  # fmt: skip
+
+    def _check_head(
+        self, final_url: str, headers: Mapping[str, str], types: frozenset[str]
+    ) -> tuple[str, str | None]:
+        """The media type and charset of a 2xx response, if its type and size may be read."""
+        media, charset = parse_content_type(headers.get("content-type", ""))
         if media and media not in types:
             raise UnsupportedContent(final_url, f"content type {media!r}")
         limit = self._settings.max_bytes
-        declared = response.headers.get("content-length", "")
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             # Compressed or not, a body this long on the wire decodes to more than the cap.
             raise ContentTooLarge(final_url, f"Content-Length {declared} > {limit}")
-        decoder = BodyDecoder(final_url, response.headers.get("content-encoding", ""), limit)
-        async for raw in response.aiter_raw():
-            decoder.feed(raw)
-        body = decoder.finish()
-        if looks_binary(body[:1024]):
-            raise UnsupportedContent(final_url, f"binary body served as {media or 'untyped'}")
-        return Download(
-            url=url,
-            final_url=final_url,
-            status=response.status_code,
-            content_type=media or sniff_text_type(body),
-            body=body,
-            encoding=charset,
-            etag=response.headers.get("etag"),
-            last_modified=response.headers.get("last-modified"),
-        )
+        return media, charset
 
     def _note_status(self, response: httpx.Response) -> None:
         self._note(response.url.host, response.status_code, response.headers.get("retry-after"))
@@ -467,6 +475,30 @@ class HttpxFetcher:
                                               "pause_s": pause})  # fmt: skip
         else:
             pacer.ok(host)
+
+
+def _body_download(
+    url: str,
+    final_url: str,
+    status: int,
+    headers: Mapping[str, str],
+    media: str,
+    charset: str | None,
+    body: bytes,
+) -> Download:
+    """The Download of a 2xx body, decoded and within the cap; binary bodies are refused."""
+    if looks_binary(body[:1024]):
+        raise UnsupportedContent(final_url, f"binary body served as {media or 'untyped'}")
+    return Download(
+        url=url,
+        final_url=final_url,
+        status=status,
+        content_type=media or sniff_text_type(body),
+        body=body,
+        encoding=charset,
+        etag=headers.get("etag"),
+        last_modified=headers.get("last-modified"),
+    )
 
 
 def _conditional(etag: str | None, last_modified: str | None) -> dict[str, str]:
