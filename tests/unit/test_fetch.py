@@ -576,3 +576,12 @@ def test_revalidation_reconnects_when_the_server_dropped_the_kept_connection() -
         listener.close()
     assert [getattr(r, "status", r) for r in results] == [304, 304, 304]
     assert len(accepted) == 3
+
+
+def test_revalidation_of_a_refused_connection_is_one_fetch_error(fetcher: HttpxFetcher) -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connections are refused
+    result = _revalidate(fetcher, f"http://127.0.0.1:{port}/p", '"v1"')
+    assert type(result) is FetchError and "cannot connect" in str(result)
+    assert result.url == f"http://127.0.0.1:{port}/p"

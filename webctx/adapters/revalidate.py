@@ -28,7 +28,7 @@ import h11
 import httpx
 
 from webctx.adapters.guarded_transport import GuardedBackend
-from webctx.errors import FetchTimeout
+from webctx.errors import FetchError, FetchTimeout
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 DRAIN_BYTES = 64 * 1024
@@ -81,6 +81,7 @@ class Revalidator:
         self._keepalive = keepalive_s
         self._max_idle = max(1, max_idle_per_origin)
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._swept = time.monotonic()
 
     async def ask(
         self,
@@ -104,6 +105,7 @@ class Revalidator:
                 *((k.encode(), v.encode("latin-1")) for k, v in conditional.items()),
             ],
         )
+        self._sweep()
         reused = self._take_idle(origin)
         if reused is not None:
             try:
@@ -127,7 +129,7 @@ class Revalidator:
     async def _open(self, origin: tuple[str, str, int]) -> _Connection:
         scheme, host, port = origin
         addresses = await self._backend.addresses(host, port, self._connect_timeout)
-        error: OSError | None = None
+        timed_out, error = False, None
         for address in addresses:
             try:
                 async with asyncio.timeout(self._connect_timeout):
@@ -137,10 +139,12 @@ class Revalidator:
                     )  # fmt: skip
                 return _Connection(reader, writer)
             except TimeoutError:
-                error = TimeoutError(f"connecting to {host} took over {self._connect_timeout}s")
+                timed_out = True
             except OSError as exc:  # refused, unreachable: try the next checked address
                 error = exc
-        raise ConnectionError(f"cannot connect to {host}: {error}")
+        if error is None and timed_out:
+            raise FetchTimeout(host, f"connecting took over {self._connect_timeout}s")
+        raise FetchError(host, f"cannot connect: {error}")  # reported, not tried again
 
     async def _exchange(
         self,
@@ -200,6 +204,23 @@ class Revalidator:
             if isinstance(event, h11.InformationalResponse):
                 continue
             return event
+
+    def _sweep(self) -> None:
+        """Close every origin's expired idle connections (at most once per keep-alive
+        period), so a run over many hosts does not keep their sockets open."""
+        now = time.monotonic()
+        if now - self._swept < self._keepalive:
+            return
+        self._swept = now
+        for origin, connections in list(self._idle.items()):
+            fresh = [c for c in connections if now - c.idle_since < self._keepalive]
+            for connection in connections:
+                if connection not in fresh:
+                    connection.close()
+            if fresh:
+                self._idle[origin] = fresh
+            else:
+                del self._idle[origin]
 
     def _take_idle(self, origin: tuple[str, str, int]) -> _Connection | None:
         connections = self._idle.get(origin)
