@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import re
 import zlib
+from collections.abc import Mapping
 
 from webctx.errors import ContentTooLarge, UnsupportedContent
 
@@ -52,6 +53,12 @@ class BodyDecoder:
         if self._size > self._limit:
             raise ContentTooLarge(self._url, f"decoded body over {self._limit} bytes")
         self._parts.append(data)
+
+
+def declared_length(headers: Mapping[str, str]) -> int | None:
+    """The Content-Length a response declares, if it is a plain number."""
+    declared = headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else None
 
 
 def parse_content_type(value: str) -> tuple[str, str | None]:

@@ -46,11 +46,12 @@ from webctx.adapters.guarded_transport import (
 )
 from webctx.adapters.http_body import (
     BodyDecoder,
+    declared_length,
     looks_binary,
     parse_content_type,
     sniff_text_type,
 )
-from webctx.adapters.revalidate import DRAIN_BYTES, REDIRECTS, Revalidator
+from webctx.adapters.revalidate import REDIRECTS, Revalidator, drainable
 from webctx.errors import (
     BlockedURL,
     ContentTooLarge,
@@ -283,9 +284,7 @@ class HttpxFetcher:
         headers = answer.headers
         self._note(target.host, answer.status, headers.get("retry-after"))
         if answer.status == 304:
-            return Download(url=url, final_url=url, status=304, content_type="", body=b"",
-                            etag=headers.get("etag"),
-                            last_modified=headers.get("last-modified"))  # fmt: skip
+            return _not_modified(url, url, headers)
         if not 200 <= answer.status < 300:
             raise HTTPStatusError(url, f"HTTP {answer.status}", status=answer.status)
         media, charset = self._check_head(url, headers, ACCEPTED_TYPES)
@@ -427,12 +426,9 @@ class HttpxFetcher:
         if response.status_code == 304 and conditional:
             async for _ in response.aiter_raw():  # no body (h11 knows); ends the message,
                 pass  # so the connection goes back to the pool instead of being closed
-            return Download(url=url, final_url=final_url, status=304, content_type="", body=b"",
-                            etag=response.headers.get("etag"),
-                            last_modified=response.headers.get("last-modified"))  # fmt: skip
+            return _not_modified(url, final_url, response.headers)
         if not 200 <= response.status_code < 300:
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) <= DRAIN_BYTES:  # keep the connection
+            if drainable(response.headers):  # read it to its end: keep the connection
                 async for _ in response.aiter_raw():
                     pass
             raise HTTPStatusError(
@@ -454,9 +450,8 @@ class HttpxFetcher:
         media, charset = parse_content_type(headers.get("content-type", ""))
         if media and media not in types:
             raise UnsupportedContent(final_url, f"content type {media!r}")
-        limit = self._settings.max_bytes
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        limit, declared = self._settings.max_bytes, declared_length(headers)
+        if declared is not None and declared > limit:
             # Compressed or not, a body this long on the wire decodes to more than the cap.
             raise ContentTooLarge(final_url, f"Content-Length {declared} > {limit}")
         return media, charset
@@ -475,6 +470,19 @@ class HttpxFetcher:
                                               "pause_s": pause})  # fmt: skip
         else:
             pacer.ok(host)
+
+
+def _not_modified(url: str, final_url: str, headers: Mapping[str, str]) -> Download:
+    """The Download of a 304: no body, the validators the server sent."""
+    return Download(
+        url=url,
+        final_url=final_url,
+        status=304,
+        content_type="",
+        body=b"",
+        etag=headers.get("etag"),
+        last_modified=headers.get("last-modified"),
+    )
 
 
 def _body_download(

@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import h11
 import httpx
 
 from webctx.adapters.guarded_transport import GuardedBackend
+from webctx.adapters.http_body import declared_length, parse_content_type
 from webctx.errors import FetchError, FetchTimeout
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -41,11 +43,16 @@ _READ = 64 * 1024
 class _Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    h11: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    protocol: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
     idle_since: float = 0.0
 
     def close(self) -> None:
         self.writer.close()
+
+    def usable(self, now: float, keepalive_s: float) -> bool:
+        """Idle for less than the keep-alive period, and not closed by either side."""
+        return (now - self.idle_since < keepalive_s and not self.reader.at_eof()
+                and not self.writer.is_closing())  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,7 @@ class Revalidator:
         types: frozenset[str],
         max_body: int,
     ) -> Answer | None:
-        conn = connection.h11
+        conn = connection.protocol
         connection.writer.write(conn.send(request) + conn.send(h11.EndOfMessage()))
         await connection.writer.drain()
         response = await self._next(connection, started=True)
@@ -178,7 +185,7 @@ class Revalidator:
         if status in REDIRECTS:
             connection.close()
             return None  # each hop goes through the full path's checks
-        if status == 304 or _small(headers):
+        if status == 304 or drainable(headers):
             while not isinstance(await self._next(connection), h11.EndOfMessage):
                 pass  # no body (304) or a short error page: read it, keep the connection
             self._keep(origin, connection)
@@ -187,7 +194,7 @@ class Revalidator:
         return Answer(status, headers)
 
     async def _next(self, connection: _Connection, *, started: bool = False) -> object:
-        conn = connection.h11
+        conn = connection.protocol
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -213,12 +220,12 @@ class Revalidator:
             return
         self._swept = now
         for origin, connections in list(self._idle.items()):
-            fresh = [c for c in connections if now - c.idle_since < self._keepalive]
             for connection in connections:
-                if connection not in fresh:
+                if not connection.usable(now, self._keepalive):
                     connection.close()
-            if fresh:
-                self._idle[origin] = fresh
+            kept = [c for c in connections if not c.writer.is_closing()]
+            if kept:
+                self._idle[origin] = kept
             else:
                 del self._idle[origin]
 
@@ -227,14 +234,13 @@ class Revalidator:
         now = time.monotonic()
         while connections:
             connection = connections.pop()
-            fresh = now - connection.idle_since < self._keepalive
-            if fresh and not connection.reader.at_eof() and not connection.writer.is_closing():
+            if connection.usable(now, self._keepalive):
                 return connection
             connection.close()
         return None
 
     def _keep(self, origin: tuple[str, str, int], connection: _Connection) -> None:
-        conn = connection.h11
+        conn = connection.protocol
         if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
             connection.close()  # "Connection: close", or a message not read to its end
             return
@@ -252,14 +258,16 @@ class _ClosedEarly(Exception):
 
 
 def _readable(headers: dict[str, str], types: frozenset[str], max_body: int) -> bool:
-    media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    declared = headers.get("content-length", "")
-    return (not media or media in types) and not (declared.isdigit() and int(declared) > max_body)
+    media, _ = parse_content_type(headers.get("content-type", ""))
+    length = declared_length(headers)
+    return (not media or media in types) and (length is None or length <= max_body)
 
 
-def _small(headers: dict[str, str]) -> bool:
-    declared = headers.get("content-length", "")
-    return declared.isdigit() and int(declared) <= DRAIN_BYTES
+def drainable(headers: Mapping[str, str]) -> bool:
+    """Whether an error response is short enough to read to its end, keeping its
+    connection (its declared length at most DRAIN_BYTES)."""
+    length = declared_length(headers)
+    return length is not None and length <= DRAIN_BYTES
 
 
 def _default_port(scheme: str) -> int:

@@ -52,12 +52,9 @@ def protect(html: str) -> Protected:
     for char, stand_in in zip(FORMAT_CHARS, _STAND_INS, strict=True):
         if char in out:  # str.replace per character: str.translate is 10x slower here
             out = out.replace(char, stand_in)
-    changed = out is not html
     if _ENTITY.search(out):  # a regex led by "&" scans fast; `in` per spelling would not
-        swapped = _ENTITY.sub(_stand_in_for_entity, out)
-        changed = changed or swapped != out
-        out = swapped
-    if not changed:
+        out = _ENTITY.sub(_stand_in_for_entity, out)
+    if out == html:
         return Protected(html, None)
     back = {ord(s): c for c, s in zip(FORMAT_CHARS, _STAND_INS, strict=True)}
     return Protected(out, back)
