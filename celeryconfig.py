@@ -69,7 +69,7 @@ result_serializer = "json"
 accept_content = ["json"]
 
 # One queue per stage, so each can be scaled alone.
-STAGE_QUEUES = ("search", "fetch", "embed", "rank")
+STAGE_QUEUES = ("search", "fetch", "embed", "store", "rank")
 task_default_queue = "search"
 task_default_exchange = "search"
 task_default_routing_key = "search"
@@ -92,6 +92,10 @@ task_routes = {
     "webctx.search": {"queue": "search"},
     "webctx.fetch": {"queue": "fetch"},
     "webctx.embed": {"queue": "embed"},
+    "webctx.embed_question": {"queue": "embed"},
+    # store and rank are the only stages that open the vector store (the embedded engine
+    # admits one process: give it `-Q store,rank`, and every other queue to any worker).
+    "webctx.store": {"queue": "store"},
     "webctx.rank": {"queue": "rank"},
     "webctx.index.*": {"queue": INDEX_QUEUE},
 }

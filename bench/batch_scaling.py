@@ -13,9 +13,9 @@ pipeline (bench/answer_recall.py measures quality with MiniLM).
 
 Broker mode uses the machine's Redis (db 14, or $WEBCTX_BENCH_REDIS_URL), flushed before
 each run, so every run starts with cold caches. "N workers" is N `webctx worker -Q
-search,fetch` processes plus one `-Q embed,rank` process: the embedded Qdrant engine
-admits one process per path (with a Qdrant server the embed side scales the same way).
-Each batch may keep THREADS items per search/fetch process in flight, THREADS being every
+search,fetch,embed` processes plus one `-Q store,rank` process: the embedded Qdrant engine
+admits one process per path (with a Qdrant server the store side scales the same way).
+Each batch may keep THREADS items per search/fetch/embed process in flight, THREADS being every
 worker's -c (8, or $WEBCTX_BENCH_THREADS). CPU seconds per question are read from /proc
 for each role, and for this process (the loopback web), so a run on a machine too small
 for the work shows where the CPU went.
@@ -137,10 +137,10 @@ def _questions_file(questions: list[Question], n: int, path: Path) -> Path:
 
 
 class Workers:
-    """N search/fetch worker processes and one embed/rank process."""
+    """N search/fetch/embed worker processes and one store/rank process."""
 
     def __init__(self, env: dict[str, str], n: int, logdir: Path) -> None:
-        specs = [(f"io{i}", "search,fetch") for i in range(n)] + [("vec", "embed,rank")]
+        specs = [(f"io{i}", "search,fetch,embed") for i in range(n)] + [("vec", "store,rank")]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = [logdir / f"{name}.log" for name, _ in specs]
         for (name, queues), log in zip(specs, self.logs, strict=True):
@@ -171,8 +171,8 @@ class Workers:
             time.sleep(0.3)
 
     def rss_mb(self) -> dict[str, float]:
-        """Resident memory by role: the largest search/fetch process, the embed/rank one,
-        and the embed/rank one's anonymous memory (its heap; file-backed pages are the
+        """Resident memory by role: the largest search/fetch/embed process, the store/rank
+        one, and the store/rank one's anonymous memory (its heap; file-backed pages are the
         embedded vector engine's mapped storage)."""
         out = []
         for proc in self.procs:
@@ -183,7 +183,8 @@ class Workers:
         return {"io": max(rss for rss, _ in out[:-1]), "vec": out[-1][0], "vec_anon": out[-1][1]}
 
     def cpu_s(self) -> dict[str, float]:
-        """CPU seconds (user + system) so far by role: all search/fetch processes, embed/rank."""
+        """CPU seconds (user + system) so far by role: all search/fetch/embed processes, and
+        the store/rank one."""
         ticks = os.sysconf("SC_CLK_TCK")
         out = []
         for proc in self.procs:
@@ -258,7 +259,7 @@ def broker_run(
     *,
     probe: bool = False,
 ) -> tuple[Run, dict[str, float]]:
-    """A cold batch of `n` questions on `workers` search/fetch processes; with `probe`,
+    """A cold batch of `n` questions on `workers` search/fetch/embed processes; with `probe`,
     also interactive-job latency idle and mid-batch, and worker RSS at item 10 and n."""
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     client.flushdb()
@@ -349,7 +350,7 @@ def _throughput_table(runs: list[Run]) -> str:
     rows = [
         "| mode | questions | done | failed | wall s | questions/min | p50 item s | "
         "p95 item s | pages downloaded | tokens embedded | CPU s / question "
-        "(search+fetch, embed+rank, web) |",
+        "(search+fetch+embed, store+rank, web) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -406,8 +407,8 @@ def _rss_line(probe: dict[str, float], n: int) -> str:
         f"growth {n // 2}→{n} |",
         "|---|---|---|---|---|---|",
     ]
-    roles = (("io", "largest search/fetch process"), ("vec", "embed/rank process"),
-             ("vec_anon", "embed/rank process, anonymous memory only"))  # fmt: skip
+    roles = (("io", "largest search/fetch/embed process"), ("vec", "store/rank process"),
+             ("vec_anon", "store/rank process, anonymous memory only"))  # fmt: skip
     for role, name in roles:
         early = probe.get(f"rss10_{role}_mb", 0.0)
         mid, late = probe.get(f"rss_mid_{role}_mb", 0.0), probe.get(f"rss_end_{role}_mb", 0.0)
@@ -461,8 +462,10 @@ def main() -> None:
             f"QA web of `../shared/data/qa` (pages delayed 0.2–1 s, embeddings 0.2 s per request, "
             f"lexical vectors), questions from queries.jsonl in a seeded order (seed {SEED}), each "
             f"batch a prefix of it; cold caches per run (Redis flushed). "
-            f"N workers = N search/fetch processes + 1 embed/rank process, {THREADS} threads each; "
-            f"a batch keeps {THREADS} items per search/fetch process in flight. Whole run: "
+            f"N workers = N search/fetch/embed processes + 1 store/rank process, {THREADS} "
+            f"thread{'s' if THREADS > 1 else ''} each; a batch keeps {THREADS} "
+            f"item{'s' if THREADS > 1 else ''} per search/fetch/embed process in flight. "
+            f"Whole run: "
             f"{total_s / 60:.1f} min."
             + (f" Scaled down: {n} questions instead of 200." if n != 200 else "")
             + " Load average at the end: "

@@ -64,7 +64,7 @@ def _job(env: dict[str, str]) -> tuple[float, Bundle]:
 
 def _workers(env: dict[str, str], logdir: str) -> list[subprocess.Popen[bytes]]:
     procs = []
-    for name, queues in (("io", "search,fetch"), ("vec", "embed,rank")):
+    for name, queues in (("io", "search,fetch,embed"), ("vec", "store,rank")):
         log = open(os.path.join(logdir, f"{name}.log"), "wb")  # noqa: SIM115
         procs.append(
             subprocess.Popen(

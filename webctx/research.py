@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from webctx.embed_cache import RedisEmbeddingCache
-from webctx.models import Bundle, BundleStats, Failure, Page, ScoredChunk
+from webctx.models import Bundle, BundleStats, Chunk, Failure, Page, ScoredChunk
 from webctx.ports import Embedder, VectorStore
 from webctx.ratelimit import RedisRateLimiter
 from webctx.settings import ChunkSettings, EmbedSettings
@@ -28,6 +28,52 @@ class IndexOutcome:
     tokens_saved: int = 0
 
 
+@dataclass
+class EmbeddedPage:
+    """A page's chunks and their vectors, not yet stored (the embed stage's output)."""
+
+    chunks: list[Chunk]
+    vectors: list[list[float]]
+    outcome: IndexOutcome
+
+
+def embed_page(
+    page: Page,
+    *,
+    embedder: Embedder,
+    chunking: ChunkSettings,
+    embedding: EmbedSettings,
+    cache: RedisEmbeddingCache | None = None,
+    limiter: RedisRateLimiter | None = None,
+) -> EmbeddedPage:
+    """Chunk a page and embed its chunks; nothing touches the vector store.
+
+    With a `cache`, chunks embedded before (by any job) are not sent again; with a
+    `limiter`, requests share the key's rate limit with every worker."""
+    chunks = chunk_page(
+        page, max_tokens=chunking.max_tokens, overlap_tokens=chunking.overlap_tokens
+    )
+    if not chunks:
+        return EmbeddedPage([], [], IndexOutcome(chunks=0, requests=0, tokens=0))
+    outcome = _embed_chunks([c.text for c in chunks], embedder, embedding, cache, limiter)
+    cost = IndexOutcome(
+        chunks=len(chunks),
+        requests=outcome.requests,
+        tokens=outcome.tokens,
+        cache_hits=outcome.cache_hits,
+        tokens_saved=outcome.tokens_saved,
+    )
+    return EmbeddedPage(chunks, outcome.vectors, cost)
+
+
+def store_page(embedded: EmbeddedPage, *, store: VectorStore, url: str, model: str) -> int:
+    """Upsert an embedded page's chunks (idempotent by point id); how many were written."""
+    if not embedded.chunks:
+        return 0
+    points = make_points(embedded.chunks, embedded.vectors, url=url, model=model)
+    return store_chunks(store, points)
+
+
 def index_page(
     page: Page,
     *,
@@ -38,25 +84,13 @@ def index_page(
     cache: RedisEmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
 ) -> IndexOutcome:
-    """Chunk a page, embed its chunks and upsert them (idempotent by point id).
-
-    With a `cache`, chunks embedded before (by any job) are not sent again; with a
-    `limiter`, requests share the key's rate limit with every worker."""
-    chunks = chunk_page(
-        page, max_tokens=chunking.max_tokens, overlap_tokens=chunking.overlap_tokens
-    )
-    if not chunks:
-        return IndexOutcome(chunks=0, requests=0, tokens=0)
-    outcome = _embed_chunks([c.text for c in chunks], embedder, embedding, cache, limiter)
-    points = make_points(chunks, outcome.vectors, url=page.final_url, model=embedder.model)
-    store_chunks(store, points)
-    return IndexOutcome(
-        chunks=len(chunks),
-        requests=outcome.requests,
-        tokens=outcome.tokens,
-        cache_hits=outcome.cache_hits,
-        tokens_saved=outcome.tokens_saved,
-    )
+    """Chunk, embed and store a page in one call (`embed_page`, then `store_page`)."""
+    embedded = embed_page(
+        page, embedder=embedder, chunking=chunking, embedding=embedding, cache=cache,
+        limiter=limiter,
+    )  # fmt: skip
+    store_page(embedded, store=store, url=page.final_url, model=embedder.model)
+    return embedded.outcome
 
 
 def _embed_chunks(
@@ -106,15 +140,19 @@ def retrieve_candidates(
     embedding: EmbedSettings,
     cache: RedisEmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
+    question_vector: Sequence[float] | None = None,
 ) -> list[ScoredChunk]:
-    """Embed the question, pull the job's nearest chunks, fuse cosine and BM25 ranks."""
-    outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
-    stats.embed_requests += outcome.requests
-    stats.tokens_embedded += outcome.tokens
-    stats.cache_hits += outcome.cache_hits
-    stats.tokens_saved += outcome.tokens_saved
+    """Embed the question (unless its vector is given, already accounted for), pull the
+    job's nearest chunks, fuse cosine and BM25 ranks."""
+    if question_vector is None:
+        outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
+        stats.embed_requests += outcome.requests
+        stats.tokens_embedded += outcome.tokens
+        stats.cache_hits += outcome.cache_hits
+        stats.tokens_saved += outcome.tokens_saved
+        question_vector = outcome.vectors[0]
     found = store.search(
-        outcome.vectors[0],
+        question_vector,
         limit=candidate_limit(top_k, len(pages)),
         content_sha256s=list(pages),
     )
@@ -142,11 +180,13 @@ def answer_question(
     embedding: EmbedSettings,
     cache: RedisEmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
+    question_vector: Sequence[float] | None = None,
 ) -> Bundle:
     """Retrieve and fuse the job's chunks (`retrieve_candidates`), pack them, cite."""
     candidates = retrieve_candidates(
         question=question, pages=pages, stats=stats, embedder=embedder, store=store,
         top_k=top_k, embedding=embedding, cache=cache, limiter=limiter,
+        question_vector=question_vector,
     )  # fmt: skip
     ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget)
     return build_bundle(

@@ -30,6 +30,8 @@ class Deps:
     search: SearchProvider
     fetcher: ConditionalFetcher
     embedder: Embedder
+    blobs: redis.Redis
+    """A client of the state Redis that returns bytes (staged vectors)."""
     planner_model: str | None = None
     limiter: RedisRateLimiter | None = None
     cache: RedisEmbeddingCache | None = None
@@ -193,6 +195,7 @@ def build_deps(settings: Settings) -> Deps:
         search=build_search(settings),
         fetcher=build_fetcher(settings),
         embedder=build_embedder(settings),
+        blobs=_bytes_client(settings),
         planner_model=settings.planner_model,
         limiter=build_limiter(settings),
         cache=build_embed_cache(settings),

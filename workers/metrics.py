@@ -46,12 +46,12 @@ from webctx.logging import bind_context, clear_context, configure_logging
 from webctx.settings import get_settings
 
 logger = logging.getLogger(__name__)
-STAGES = ("search", "fetch", "embed", "rank")
+STAGES = ("search", "fetch", "embed", "store", "rank")
 
 JOBS = Counter("webctx_jobs", "Jobs that entered each status.", ["status"])
 STAGE_SECONDS = Histogram(
     "webctx_stage_duration_seconds",
-    "Duration of one task, by stage (plan, search, fetch, embed = chunk+embed+store, rank).",
+    "Duration of one task, by stage (plan, search, fetch, embed = chunk+embed, store, rank).",
     ["stage"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
 )

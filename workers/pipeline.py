@@ -1,7 +1,11 @@
 """How a job fans out across the stage queues.
 
 plan ─► search × queries ─► (last search) select URLs ─► fetch × URLs ─► embed × pages
-     ─► (last page settled) rank ─► bundle
+     ─► store × pages ─► (last page settled) rank ─► bundle
+  └──► embed_question (the question's vector into the embedding cache, ahead of rank)
+
+Only store and rank open the vector store; every other stage runs on any worker, so with
+the embedded engine (one process) the CPU and waiting of embedding scale with workers.
 
 No chords (TRAPS 4): each fan-in is a completion set in the job store, and the task
 whose completion fills it enqueues the next stage. A watchdog `rank(force=True)` is
@@ -68,8 +72,18 @@ def start_fetches(jobs: JobStore, job_id: str) -> None:
 
 
 def start_embed(job_id: str, url_id: str) -> None:
-    """Chunk, embed and store one fetched page."""
+    """Chunk and embed one fetched page."""
     app.signature("webctx.embed", args=(job_id, url_id)).apply_async()
+
+
+def start_store(job_id: str, url_id: str) -> None:
+    """Write one embedded page's staged chunks to the vector store."""
+    app.signature("webctx.store", args=(job_id, url_id)).apply_async()
+
+
+def start_question_embedding(job_id: str) -> None:
+    """Embed the question ahead of ranking (into the embedding cache)."""
+    app.signature("webctx.embed_question", args=(job_id,)).apply_async()
 
 
 def start_rank(jobs: JobStore, job_id: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -16,11 +17,13 @@ from celery import Task
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
 from webctx.models import BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.pagecache import IndexedPages, PageCache, RememberedFailure, SearchCache
-from webctx.research import answer_question, index_page
+from webctx.research import EmbeddedPage, IndexOutcome, answer_question, embed_page, store_page
 from webctx.stages.bundle import build_bundle
+from webctx.stages.embed import embed_with_cache
 from webctx.stages.fetch import extract_page
 from webctx.stages.plan import LLMPlanner, plan_queries
 from webctx.stages.search import search_query
+from webctx.staging import ChunkStaging
 from workers import pipeline
 from workers.app import app
 from workers.deps import Deps, worker_deps
@@ -56,6 +59,8 @@ def plan(job_id: str) -> str:
         jobs.set_queries(job_id, queries)
     jobs.mark_stage(job_id, "plan", start=False)
     logger.info("job planned", extra={"job_id": job_id, "queries": len(queries)})
+    if deps.cache is not None:  # rank finds the vector there instead of waiting for it
+        pipeline.start_question_embedding(job_id)
     pipeline.start_searches(job_id, len(queries))
     return job_id
 
@@ -116,29 +121,108 @@ def fetch(job_id: str, url_id: str) -> str:
             page = _fetch_page(deps, job_id, url_id, url) if alive else None
         jobs.mark_stage(job_id, "fetch", start=False)
     jobs.complete(job_id, "fetch", url_id, total=len(jobs.urls(job_id)))
-    if page is not None:
+    if page is not None and not _stored_already(deps, job_id, url_id, page):
         pipeline.start_embed(job_id, url_id)
     else:
         _settle(deps, job_id, url_id)
     return url_id
 
 
+def _stored_already(deps: Deps, job_id: str, url_id: str, page: Page) -> bool:
+    """True when the page needs no embed task: settled already, or its text is known to be
+    in the store (counted here). In a batch most pages are, and a task hop costs more CPU
+    than the check (the embed task checks again, for pages stored meanwhile)."""
+    if deps.jobs.is_done(job_id, "embed", url_id):
+        return True
+    stored = _indexed_pages(deps).chunks(page.content_sha256)
+    if stored is None:
+        return False
+    deps.jobs.add_counts(job_id, chunks=stored, chunks_already_stored=stored)
+    return True
+
+
 @app.task(name="webctx.embed", bind=True, acks_late=True)
 def embed(self: Task[Any, Any], job_id: str, url_id: str) -> str:
-    """Chunk, embed and store one page; the last settled page starts ranking."""
+    """Chunk and embed one page and stage the vectors for the store task, or settle the
+    page here (already stored, nothing to store, or failed)."""
+    deps = worker_deps()
+    jobs = deps.jobs
+    if not jobs.is_active(job_id):
+        return url_id
+    page = jobs.page_for(job_id, url_id)
+    staged = False
+    if page is not None and not jobs.is_done(job_id, "embed", url_id):
+        jobs.mark_stage(job_id, "embed", start=True)
+        with _delivery(deps, job_id, "embed", url_id, url=page.url) as alive:
+            if alive:
+                staged = _embed_page(self, deps, job_id, url_id, page)
+        jobs.mark_stage(job_id, "embed", start=False)
+    if staged:
+        pipeline.start_store(job_id, url_id)
+    else:
+        _settle(deps, job_id, url_id)
+    return url_id
+
+
+@app.task(name="webctx.store", bind=True, acks_late=True)
+def store(self: Task[Any, Any], job_id: str, url_id: str) -> str:
+    """Write one page's staged chunks to the vector store; the last settled page starts
+    ranking. Runs where the vector store is open (`-Q store`)."""
     deps = worker_deps()
     jobs = deps.jobs
     if not jobs.is_active(job_id):
         return url_id
     page = jobs.page_for(job_id, url_id)
     if page is not None and not jobs.is_done(job_id, "embed", url_id):
-        jobs.mark_stage(job_id, "embed", start=True)
-        with _delivery(deps, job_id, "embed", url_id, url=page.url) as alive:
+        jobs.mark_stage(job_id, "store", start=True)
+        with _delivery(deps, job_id, "store", url_id, url=page.url) as alive:
             if alive:
-                _embed_page(self, deps, job_id, url_id, page)
-        jobs.mark_stage(job_id, "embed", start=False)
+                _store_page(self, deps, job_id, url_id, page)
+        jobs.mark_stage(job_id, "store", start=False)
     _settle(deps, job_id, url_id)
     return url_id
+
+
+@app.task(name="webctx.embed_question", acks_late=True)
+def embed_question(job_id: str) -> str:
+    """Embed the job's question into the embedding cache ahead of ranking, so the rank
+    task (on the one process that holds the vector store) finds it instead of waiting on
+    the provider. Best effort: on any failure the rank task embeds it itself."""
+    deps = worker_deps()
+    jobs = deps.jobs
+    if deps.cache is None or not jobs.is_active(job_id) or jobs.bundle(job_id) is not None:
+        return job_id
+    try:
+        outcome = embed_with_cache(
+            [jobs.request(job_id).question],
+            deps.embedder,
+            cache=deps.cache,
+            limiter=deps.limiter,
+            max_inputs=1,
+            max_tokens_per_request=deps.settings.embed.max_tokens_per_request,
+            max_input_tokens=deps.settings.embed.max_input_tokens,
+            max_attempts=1,
+        )
+    except Exception as exc:  # noqa: BLE001 - the rank task embeds it and reports failures
+        logger.info("question not embedded ahead", extra={"job_id": job_id, "error": str(exc)})
+        return job_id
+    jobs.add_counts(
+        job_id,
+        embed_requests=outcome.requests,
+        tokens_embedded=outcome.tokens,
+        cache_hits=outcome.cache_hits,
+        tokens_saved=outcome.tokens_saved,
+        question_ahead=1,  # counted here: rank reads the vector without counting it again
+    )
+    return job_id
+
+
+def _question_ahead(deps: Deps, job_id: str, question: str) -> list[float] | None:
+    """The question's vector if `embed_question` embedded (and counted) it for this job."""
+    if deps.cache is None or not deps.jobs.counters(job_id).get("question_ahead"):
+        return None
+    dimensions = getattr(deps.embedder, "dimensions", None)
+    return deps.cache.get_many(deps.embedder.model, dimensions, [question])[0]
 
 
 @app.task(name="webctx.rank", bind=True, acks_late=True)
@@ -174,6 +258,7 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
             embedding=deps.settings.embed,
             cache=deps.cache,
             limiter=deps.limiter,
+            question_vector=_question_ahead(deps, job_id, request.question),
         )
     except TransientError as exc:
         if _can_retry(self):
@@ -295,39 +380,51 @@ def _download(deps: Deps, job_id: str, url_id: str, url: str, cache: PageCache) 
     return page
 
 
-def _indexed_pages(deps: Deps) -> IndexedPages:
-    """Pages known to be in this store, embedded by this model, chunked this way."""
+def _index_scope(deps: Deps) -> tuple[str, ...]:
+    """What a stored page's points depend on: store, collection, model, chunking."""
     settings = deps.settings
-    scope = (
+    return (
         settings.qdrant_url or str(settings.qdrant_path.resolve()),
         settings.qdrant_collection,
         deps.embedder.model,
         f"{settings.chunk.max_tokens}/{settings.chunk.overlap_tokens}",
     )
-    return IndexedPages(deps.jobs.r, ttl_s=settings.page_cache_ttl_s, scope=scope)
 
 
-def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> None:
+def _indexed_pages(deps: Deps) -> IndexedPages:
+    """Pages known to be in this store, embedded by this model, chunked this way."""
+    return IndexedPages(deps.jobs.r, ttl_s=deps.settings.page_cache_ttl_s, scope=_index_scope(deps))
+
+
+def _staging(deps: Deps) -> ChunkStaging:
+    """Embedded pages waiting for the store task, in this index scope."""
+    scope = hashlib.sha256("\x1f".join(_index_scope(deps)).encode()).hexdigest()[:16]
+    return ChunkStaging(deps.blobs, scope=scope)
+
+
+def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> bool:
+    """Chunk and embed the page and stage it; True when the store task must follow."""
     indexed = _indexed_pages(deps)
     stored = indexed.chunks(page.content_sha256)
     if stored is not None:  # another job stored this very text: nothing to chunk or embed
         deps.jobs.add_counts(job_id, chunks=stored, chunks_already_stored=stored)
-        return
+        return False
     try:
-        outcome = index_page(
+        embedded = embed_page(
             page,
             embedder=deps.embedder,
-            store=deps.store,
             chunking=deps.settings.chunk,
             embedding=deps.settings.embed,
             cache=deps.cache,
             limiter=deps.limiter,
         )
+        if embedded.chunks:
+            _staging(deps).put(embedded.chunks, embedded.vectors)
     except TransientError as exc:
         if _can_retry(task):
             _retry(task, exc)
         _fail(deps, job_id, url_id, page.url, "embed", exc)
-        return
+        return False
     except redis.RedisError:
         # The job store / embedding cache is down (Redis restarting), not the page: no
         # page failure; the unacked task is redelivered after the visibility timeout.
@@ -335,11 +432,62 @@ def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page
     except Exception as exc:  # a bug on an odd page must settle it, not stall the job
         logger.exception("embed failed", extra={"job_id": job_id, "url": page.url})
         _fail(deps, job_id, url_id, page.url, "embed", exc)
+        return False
+    _count_embedding(deps, job_id, embedded.outcome)
+    if not embedded.chunks:  # no text to store: the page is settled as stored
+        indexed.mark(page.content_sha256, 0)
+        return False
+    return True
+
+
+def _store_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> None:
+    """Upsert the page's staged chunks and mark the page stored. A page whose staged
+    entry is gone (expired, Redis lost it) is embedded again here."""
+    indexed = _indexed_pages(deps)
+    stored = indexed.chunks(page.content_sha256)
+    if stored is not None:  # another job's store task wrote it meanwhile
+        deps.jobs.add_counts(job_id, chunks=stored, chunks_already_stored=stored)
         return
-    indexed.mark(page.content_sha256, outcome.chunks)
+    staging = _staging(deps)
+    try:
+        staged = staging.get(page.content_sha256)
+        chunks = staged.chunks(page) if staged is not None else None
+        if staged is not None and chunks and chunks[-1].end <= len(page.text):
+            vectors = staged.vectors.tolist()
+            embedded = EmbeddedPage(chunks, vectors, IndexOutcome(len(chunks), 0, 0))
+        else:
+            logger.warning("staged chunks missing; embedding again",
+                           extra={"job_id": job_id, "url": page.url})  # fmt: skip
+            embedded = embed_page(
+                page,
+                embedder=deps.embedder,
+                chunking=deps.settings.chunk,
+                embedding=deps.settings.embed,
+                cache=deps.cache,
+                limiter=deps.limiter,
+            )
+            _count_embedding(deps, job_id, embedded.outcome)
+        written = store_page(embedded, store=deps.store, url=page.final_url,
+                             model=deps.embedder.model)  # fmt: skip
+    except TransientError as exc:
+        if _can_retry(task):
+            _retry(task, exc)
+        _fail(deps, job_id, url_id, page.url, "store", exc)
+        return
+    except redis.RedisError:
+        raise  # as in _embed_page: redelivered once Redis is back
+    except Exception as exc:  # a bug on an odd page must settle it, not stall the job
+        logger.exception("store failed", extra={"job_id": job_id, "url": page.url})
+        _fail(deps, job_id, url_id, page.url, "store", exc)
+        return
+    indexed.mark(page.content_sha256, written)
+    staging.drop(page.content_sha256)
+    deps.jobs.add_counts(job_id, chunks=written)
+
+
+def _count_embedding(deps: Deps, job_id: str, outcome: IndexOutcome) -> None:
     deps.jobs.add_counts(
         job_id,
-        chunks=outcome.chunks,
         embed_requests=outcome.requests,
         tokens_embedded=outcome.tokens,
         cache_hits=outcome.cache_hits,

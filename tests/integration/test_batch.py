@@ -84,8 +84,8 @@ def test_batch_survives_a_sigkilled_worker_and_a_resubmission_redoes_nothing(
     test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
 ) -> None:
     env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="2")
-    io = start_worker(env, "-Q", "search,fetch", "-n", "io@%h", "-c", "4")
-    start_worker(env, "-Q", "embed,rank", "-n", "vec@%h", "-c", "4")
+    io = start_worker(env, "-Q", "search,fetch,embed", "-n", "io@%h", "-c", "4")
+    start_worker(env, "-Q", "store,rank", "-n", "vec@%h", "-c", "4")
     questions = _write(tmp_path / "q.jsonl", QUESTIONS)
     submitted = run_cli(
         env, "batch", "submit", str(questions), "--name", "w1", "--max-sources", "3"
@@ -96,7 +96,7 @@ def test_batch_survives_a_sigkilled_worker_and_a_resubmission_redoes_nothing(
     _wait(db14, batch_id, "done>=2")
     os.killpg(io.proc.pid, signal.SIGKILL)  # mid-batch: its unacked tasks come back
     io.proc.wait(timeout=10)
-    start_worker(env, "-Q", "search,fetch", "-n", "io2@%h", "-c", "4")
+    start_worker(env, "-Q", "search,fetch,embed", "-n", "io2@%h", "-c", "4")
     status = _wait(db14, batch_id, "finished", timeout_s=150)
     assert status.state == "finished" and status.done + status.failed == len(QUESTIONS)
     assert status.done >= len(QUESTIONS) - 1, status

@@ -93,9 +93,10 @@ def test_research_broker_mode_runs_on_separate_worker_processes(
         CELERY_BROKER_URL=redis_url(),
         WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"),
     )
-    # Search/fetch and embed/rank on different processes: only the latter opens the store.
-    start_worker(env, "-Q", "search,fetch", "-n", "io@%h")
-    start_worker(env, "-Q", "embed,rank", "-n", "vec@%h")
+    # Search/fetch/embed and store/rank on different processes: only the latter opens the
+    # vector store.
+    start_worker(env, "-Q", "search,fetch,embed", "-n", "io@%h")
+    start_worker(env, "-Q", "store,rank", "-n", "vec@%h")
     done = run_cli(
         env,
         "research",
@@ -250,3 +251,46 @@ def test_embed_task_retried_after_provider_errors_completes_without_duplicates(
     assert counts[0] == counts[1] > 0
     a, b = (Bundle.model_validate_json(x.stdout) for x in (clean, flaky))
     assert [c.text for c in a.chunks] == [c.text for c in b.chunks]
+
+
+def test_a_store_task_whose_staged_chunks_were_lost_embeds_the_page_again(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
+) -> None:
+    env = clean_env(
+        **test_web.env(), CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q")
+    )
+    start_worker(env, "-Q", "search,fetch,embed", "-n", "io@%h")
+    done = run_cli(env, "research", QUESTION, "--no-wait", "--max-sources", "12",
+                   "--token-budget", "1500")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+
+    # No store worker yet: every page ends either settled (failed) or staged with its
+    # store task waiting in the `store` queue.
+    def waiting() -> int:
+        urls = redis_client.hlen(f"webctx:job:{job_id}:urls") or 0
+        settled = redis_client.scard(f"webctx:job:{job_id}:done:embed")
+        queued = redis_client.llen("store")
+        return queued if urls and settled + queued == urls else 0
+
+    deadline = time.monotonic() + 60
+    while not waiting() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    queued = waiting()
+    assert queued > 0, "no store task queued"
+    staged = redis_client.keys("webctx:staged:*")
+    assert 0 < len(staged) <= queued  # two URLs of one text share an entry
+    redis_client.delete(*staged)  # lost: expired, or Redis lost them
+
+    vec = start_worker(env, "-Q", "store,rank", "-n", "vec@%h")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        shown = run_cli(env, "bundle", job_id, "--format", "json")
+        if shown.returncode == 0:
+            break
+        time.sleep(0.5)
+    assert shown.returncode == 0, shown.stderr
+    bundle = Bundle.model_validate_json(shown.stdout)
+    _assert_grounded(bundle, test_web)
+    assert len(staged) <= vec.log.read_text().count("staged chunks missing") <= queued
+    assert redis_client.keys("webctx:staged:*") == []  # stored, then dropped

@@ -7,7 +7,8 @@ import celeryconfig
 from workers.app import app
 
 STAGES = {"webctx.plan": "search", "webctx.search": "search", "webctx.fetch": "fetch",
-          "webctx.embed": "embed", "webctx.rank": "rank"}
+          "webctx.embed": "embed", "webctx.embed_question": "embed", "webctx.store": "store",
+          "webctx.rank": "rank"}
 
 
 def test_each_stage_task_routes_to_its_own_queue_binding() -> None:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 K8S_VERSION = "1.30.0"  # the oldest minor the schemas ship; what the manifests must satisfy
-STAGES = ("search", "fetch", "embed", "rank")
+STAGES = ("search", "fetch", "embed", "store", "rank")
 
 
 def compose_binary() -> Path:
@@ -74,7 +74,8 @@ def test_compose_config_validates_with_and_without_the_env_example() -> None:
 
 def test_compose_runs_a_worker_per_stage_with_the_right_pool_and_qdrant_server() -> None:
     services = compose_config()["services"]
-    pools = {"search": "threads", "fetch": "threads", "embed": "prefork", "rank": "prefork"}
+    pools = {"search": "threads", "fetch": "threads", "embed": "prefork", "store": "threads",
+             "rank": "prefork"}
     for stage, pool in pools.items():
         svc = services[f"worker-{stage}"]
         cmd = svc["command"]

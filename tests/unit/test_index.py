@@ -323,7 +323,7 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
                         qdrant_path=tmp_path / "q", local_tenant=TENANT)  # fmt: skip
     store = MemoryVectorStore()
     deps = Deps(settings=settings, jobs=JobStore(r), search=None,  # type: ignore[arg-type]
-                fetcher=site, embedder=HashEmbedder(), _store=store)  # fmt: skip
+                fetcher=site, embedder=HashEmbedder(), blobs=r, _store=store)  # fmt: skip
     site.put("/a.html", article("narwhal"))
     source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=60)
     set_deps(deps)
