@@ -20,6 +20,7 @@ from webctx.tokens import count_tokens, truncate_to_tokens
 MODEL = "text-embedding-3-small"
 HASH = HashEmbedder(dimensions=256)
 TEXTS = [f"chunk {i}: celery retries tasks on redis with backoff" for i in range(10)]
+KEY = "sk-test-key"
 
 Serve = Callable[..., tuple[OpenAIEmbedder, EmbeddingsControl]]
 
@@ -30,15 +31,15 @@ def serve() -> Iterator[Serve]:
     servers: list[LoopbackServer] = []
 
     def start(
-        *, dimensions: int | None = None, **app_kwargs: object
+        *, dimensions: int | None = None, key: str | None = KEY, **app_kwargs: object
     ) -> tuple[OpenAIEmbedder, EmbeddingsControl]:
-        kwargs: dict[str, object] = {"rpm": None, "tpm": None, **app_kwargs}
+        kwargs: dict[str, object] = {"rpm": None, "tpm": None, "api_key": KEY, **app_kwargs}
         app = make_embeddings_app(HASH.embed, model=MODEL, **kwargs)  # type: ignore[arg-type]
         server = LoopbackServer(app).start()
         servers.append(server)
         embedder = OpenAIEmbedder(
             base_url=f"{server.url}/v1",
-            api_key=None,
+            api_key=key,
             model=MODEL,
             dimensions=dimensions,
             timeout_s=5,
@@ -67,6 +68,60 @@ def test_vectors_match_hash_embedder_through_base64(serve: Serve) -> None:
     vectors = embedder.embed(TEXTS[:3])  # the client asks for base64 and decodes float32
     np.testing.assert_allclose(vectors, HASH.embed(TEXTS[:3]), atol=1e-6)
     assert embedder.embed([]) == []
+
+
+def test_the_api_key_is_sent_as_a_bearer_token(serve: Serve) -> None:
+    embedder, _ = serve()
+    assert len(embedder.embed(["x"])) == 1
+    wrong, _ = serve(key="sk-wrong")
+    with pytest.raises(ProviderError, match="401"):
+        wrong.embed(["x"])
+
+
+def _answering(body: object) -> tuple[LoopbackServer, OpenAIEmbedder]:
+    """A server whose /v1/embeddings always returns `body` (status 200)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def reply(_: object) -> JSONResponse:
+        return JSONResponse(body)
+
+    app = Starlette(routes=[Route("/v1/embeddings", reply, methods=["POST"])])
+    server = LoopbackServer(app).start()
+    return server, OpenAIEmbedder(base_url=f"{server.url}/v1", api_key=KEY, model=MODEL)
+
+
+def test_a_server_that_ignores_base64_and_sends_floats_is_understood() -> None:
+    rows = [{"object": "embedding", "index": 1, "embedding": [0.5, 1]},
+            {"object": "embedding", "index": 0, "embedding": [0.25, -2.0]}]  # fmt: skip
+    server, embedder = _answering({"object": "list", "data": rows})
+    try:
+        assert embedder.embed(["a", "b"]) == [[0.25, -2.0], [0.5, 1.0]]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"object": "list"},  # no data
+        {"data": [{"index": 0, "embedding": [0.1]}]},  # one vector for two inputs
+        {"data": [{"index": 0, "embedding": [0.1]}, {"index": 0, "embedding": [0.2]}]},
+        {"data": [{"index": 0, "embedding": "not base64!"}, {"index": 1, "embedding": [1]}]},
+        {"data": [{"index": 0, "embedding": "AAA="}, {"index": 1, "embedding": [1.0]}]},
+        {"data": [{"index": 0, "embedding": ["a"]}, {"index": 1, "embedding": [1.0]}]},
+        {"data": [{"index": 0, "embedding": [1.0]}, {"index": 1, "embedding": [1.0, 2.0]}]},
+        ["not", "an", "object"],
+    ],
+)
+def test_a_malformed_answer_is_a_provider_error(body: object) -> None:
+    server, embedder = _answering(body)
+    try:
+        with pytest.raises(ProviderError, match="invalid response"):
+            embedder.embed(["a", "b"])
+    finally:
+        server.stop()
 
 
 def test_texts_packed_into_minimum_requests(serve: Serve) -> None:
@@ -182,7 +237,7 @@ def test_wrong_model_is_provider_error(serve: Serve) -> None:
 def test_unreachable_server_is_provider_unavailable() -> None:
     with LoopbackServer(make_embeddings_app(HASH.embed, model=MODEL, rpm=None, tpm=None)) as srv:
         url = srv.url
-    embedder = OpenAIEmbedder(base_url=f"{url}/v1", api_key=None, model=MODEL, timeout_s=2)
+    embedder = OpenAIEmbedder(base_url=f"{url}/v1", api_key=KEY, model=MODEL, timeout_s=2)
     with pytest.raises(ProviderUnavailable):
         embedder.embed(["x"])
 

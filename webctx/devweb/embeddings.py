@@ -267,9 +267,11 @@ class _Endpoint:
         limits: EmbeddingsLimits,
         control: EmbeddingsControl,
         latency_s: float,
+        api_key: str | None = None,
     ) -> None:
         self.embed_fn, self.model, self.limits = embed_fn, model, limits
         self.control, self.latency_s = control, latency_s
+        self.api_key = api_key
 
     def reply(
         self, status: int, body: dict[str, Any], retry_after: float | None = None
@@ -313,6 +315,12 @@ class _Endpoint:
         return self.reply(429, body, retry_after=wait)
 
     async def embeddings(self, request: Request) -> Response:
+        if self.api_key is not None and request.headers.get("authorization") != (
+            f"Bearer {self.api_key}"
+        ):
+            body = _error_body("Incorrect API key provided.", type_="invalid_request_error",
+                               code="invalid_api_key")  # fmt: skip
+            return self.reply(401, body)
         fault = self.control.pop_fault()
         if fault is not None:
             status, retry_after = fault
@@ -356,11 +364,13 @@ def make_embeddings_app(
     max_input_tokens: int = 8192,
     latency_s: float = 0.0,
     window_s: float = 60.0,
+    api_key: str | None = None,
 ) -> Starlette:
-    """A Starlette app serving `POST /v1/embeddings` and `GET /v1/models` for `model`."""
+    """A Starlette app serving `POST /v1/embeddings` and `GET /v1/models` for `model`;
+    with `api_key`, embeddings requests without `Authorization: Bearer <api_key>` get 401."""
     control = EmbeddingsControl(SlidingWindow(rpm=rpm, tpm=tpm, window_s=window_s))
     limits = EmbeddingsLimits(max_inputs, max_tokens_per_request, max_input_tokens)
-    endpoint = _Endpoint(embed_fn, model, limits, control, latency_s)
+    endpoint = _Endpoint(embed_fn, model, limits, control, latency_s, api_key)
     app = Starlette(
         routes=[
             Route("/v1/embeddings", endpoint.embeddings, methods=["POST"]),
