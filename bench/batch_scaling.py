@@ -15,10 +15,14 @@ Broker mode uses the machine's Redis (db 14, or $WEBCTX_BENCH_REDIS_URL), flushe
 each run, so every run starts with cold caches. "N workers" is N `webctx worker -Q
 search,fetch,embed` processes plus one `-Q store,rank` process: the embedded Qdrant engine
 admits one process per path (with a Qdrant server the store side scales the same way).
-Each batch may keep THREADS items per search/fetch/embed process in flight, THREADS being every
-worker's -c (8, or $WEBCTX_BENCH_THREADS). CPU seconds per question are read from /proc
-for each role, and for this process (the loopback web), so a run on a machine too small
-for the work shows where the CPU went.
+Each batch may keep THREADS items per search/fetch/embed process in flight, THREADS being
+every worker's -c (1, or $WEBCTX_BENCH_THREADS). One thread per process keeps 4 workers
+within 2 cores, so the run measures how throughput scales while the work waits on the web
+and the provider; at 2 or 8 threads per process 4 workers need more CPU than 2 cores have
+(docs/benchmarks.md gives those runs too). The embedded default runs with its default
+threads and batch concurrency. CPU seconds per question are read from /proc for each
+role, and for this process (the loopback web), so a run on a machine too small for the
+work shows where the CPU went.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ REDIS_URL = os.environ.get("WEBCTX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"
 MODEL = "hash-embedding"
 EMBED_LATENCY_S = 0.2
 SEED = 0
-THREADS = int(os.environ.get("WEBCTX_BENCH_THREADS", "8"))
+THREADS = int(os.environ.get("WEBCTX_BENCH_THREADS", "1"))
 
 
 @dataclass
@@ -114,13 +118,16 @@ def start_web() -> tuple[Web, list[Question]]:
     return Web(site, search, embeddings, hits), questions
 
 
-def _env(web: Web, qdrant: Path, *, broker: bool, inflight: int) -> dict[str, str]:
+def _env(web: Web, qdrant: Path, *, inflight: int | None) -> dict[str, str]:
+    """Settings for a run: broker mode with `inflight` items in flight and THREADS threads
+    per worker, or (None) the embedded default with its default concurrency."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WEBCTX_", "CELERY_"))}
     env.update(web.env(), WEBCTX_QDRANT_PATH=str(qdrant), PYTHONPATH=str(ROOT))
-    env.update(WEBCTX_BATCH__CONCURRENCY=str(inflight), WEBCTX_BATCH__MAX_INFLIGHT=str(inflight))
-    env.update(WEBCTX_BATCH__TICK_S="2", WEBCTX_WORKER_CONCURRENCY=str(THREADS))
-    if broker:
-        env["CELERY_BROKER_URL"] = REDIS_URL
+    env.update(WEBCTX_BATCH__TICK_S="2")
+    if inflight is not None:
+        env.update(WEBCTX_BATCH__CONCURRENCY=str(inflight),
+                   WEBCTX_BATCH__MAX_INFLIGHT=str(inflight),
+                   WEBCTX_WORKER_CONCURRENCY=str(THREADS), CELERY_BROKER_URL=REDIS_URL)  # fmt: skip
     return env
 
 
@@ -264,7 +271,7 @@ def broker_run(
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     client.flushdb()
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
-    env = _env(web, run_dir / "q", broker=True, inflight=THREADS * workers)
+    env = _env(web, run_dir / "q", inflight=THREADS * workers)
     procs = Workers(env, workers, run_dir)
     extra: dict[str, float] = {}
     try:
@@ -322,9 +329,10 @@ def _interactive(env: dict[str, str], question: str) -> float:
 
 
 def embedded_run(web: Web, questions: list[Question], n: int, tmp: Path) -> Run:
-    """The same batch on the embedded default (`batch submit --wait`, no broker)."""
+    """The same batch on the embedded default (`batch submit --wait`, no broker, default
+    worker threads and batch concurrency)."""
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
-    env = _env(web, run_dir / "q", broker=False, inflight=THREADS)
+    env = _env(web, run_dir / "q", inflight=None)
     file = _questions_file(questions, n, run_dir / "q.jsonl")
     before = web.downloads()
     out = run_dir / "results.jsonl"
@@ -464,7 +472,8 @@ def main() -> None:
             f"batch a prefix of it; cold caches per run (Redis flushed). "
             f"N workers = N search/fetch/embed processes + 1 store/rank process, {THREADS} "
             f"thread{'s' if THREADS > 1 else ''} each; a batch keeps {THREADS} "
-            f"item{'s' if THREADS > 1 else ''} per search/fetch/embed process in flight. "
+            f"item{'s' if THREADS > 1 else ''} per search/fetch/embed process in flight "
+            f"(the embedded default: its default threads and batch concurrency). "
             f"Whole run: "
             f"{total_s / 60:.1f} min."
             + (f" Scaled down: {n} questions instead of 200." if n != 200 else "")

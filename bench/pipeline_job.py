@@ -101,7 +101,7 @@ def _row(mode: str, runs: list[tuple[float, Bundle]]) -> str:
     stages = runs[-1][1].stats.stage_s
     b = runs[-1][1]
     cols = " | ".join(
-        f"{stages.get(s, 0):.2f}" for s in ("plan", "search", "fetch", "embed", "rank")
+        f"{stages.get(s, 0):.2f}" for s in ("plan", "search", "fetch", "embed", "store", "rank")
     )
     return (
         f"| {mode} | {statistics.median(walls):.2f} | {statistics.median(job):.2f} | {cols} | "
@@ -143,8 +143,8 @@ def main() -> None:
     web.stop()
     header = (
         "| mode | command wall s (median) | job elapsed s (median) | plan | search | fetch | "
-        "embed | rank | fetched | failed | chunks | embed requests |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "embed | store | rank | fetched | failed | chunks | embed requests |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = "\n".join(_row(mode, runs) for mode, runs in results.items())
     ratio = statistics.median(w for w, _ in results["broker (2 workers)"]) / statistics.median(
