@@ -134,11 +134,29 @@ def _stored_already(deps: Deps, job_id: str, url_id: str, page: Page) -> bool:
     than the check (the embed task checks again, for pages stored meanwhile)."""
     if deps.jobs.is_done(job_id, "embed", url_id):
         return True
-    stored = _indexed_pages(deps).chunks(page.content_sha256)
+    return _counted_if_stored(deps, job_id, _indexed_pages(deps), page)
+
+
+def _counted_if_stored(deps: Deps, job_id: str, indexed: IndexedPages, page: Page) -> bool:
+    """True, with the page's chunks counted as already stored, when its text is in the
+    store (another job stored it)."""
+    stored = indexed.chunks(page.content_sha256)
     if stored is None:
         return False
     deps.jobs.add_counts(job_id, chunks=stored, chunks_already_stored=stored)
     return True
+
+
+def _embed(deps: Deps, page: Page) -> EmbeddedPage:
+    """Chunk and embed the page with this worker's embedder, cache and rate limit."""
+    return embed_page(
+        page,
+        embedder=deps.embedder,
+        chunking=deps.settings.chunk,
+        embedding=deps.settings.embed,
+        cache=deps.cache,
+        limiter=deps.limiter,
+    )
 
 
 @app.task(name="webctx.embed", bind=True, acks_late=True)
@@ -405,19 +423,10 @@ def _staging(deps: Deps) -> ChunkStaging:
 def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> bool:
     """Chunk and embed the page and stage it; True when the store task must follow."""
     indexed = _indexed_pages(deps)
-    stored = indexed.chunks(page.content_sha256)
-    if stored is not None:  # another job stored this very text: nothing to chunk or embed
-        deps.jobs.add_counts(job_id, chunks=stored, chunks_already_stored=stored)
+    if _counted_if_stored(deps, job_id, indexed, page):  # nothing to chunk or embed
         return False
     try:
-        embedded = embed_page(
-            page,
-            embedder=deps.embedder,
-            chunking=deps.settings.chunk,
-            embedding=deps.settings.embed,
-            cache=deps.cache,
-            limiter=deps.limiter,
-        )
+        embedded = _embed(deps, page)
         if embedded.chunks:
             _staging(deps).put(embedded.chunks, embedded.vectors)
     except TransientError as exc:
@@ -444,9 +453,7 @@ def _store_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page
     """Upsert the page's staged chunks and mark the page stored. A page whose staged
     entry is gone (expired, Redis lost it) is embedded again here."""
     indexed = _indexed_pages(deps)
-    stored = indexed.chunks(page.content_sha256)
-    if stored is not None:  # another job's store task wrote it meanwhile
-        deps.jobs.add_counts(job_id, chunks=stored, chunks_already_stored=stored)
+    if _counted_if_stored(deps, job_id, indexed, page):  # another job's store task wrote it
         return
     staging = _staging(deps)
     try:
@@ -458,14 +465,7 @@ def _store_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page
         else:
             logger.warning("staged chunks missing; embedding again",
                            extra={"job_id": job_id, "url": page.url})  # fmt: skip
-            embedded = embed_page(
-                page,
-                embedder=deps.embedder,
-                chunking=deps.settings.chunk,
-                embedding=deps.settings.embed,
-                cache=deps.cache,
-                limiter=deps.limiter,
-            )
+            embedded = _embed(deps, page)
             _count_embedding(deps, job_id, embedded.outcome)
         written = store_page(embedded, store=deps.store, url=page.final_url,
                              model=deps.embedder.model)  # fmt: skip
