@@ -107,6 +107,9 @@ def test_token_limit_answers_429_until_tokens_age_out() -> None:
         ("", "'$.input' is invalid"),
         (["a", "b", "c", "d"], "Too many inputs"),
         ([" ".join(["word"] * 30), " ".join(["word"] * 30)], "max 50 tokens per request"),
+        ([[15339, 100_256]], "invalid token ids"),  # past cl100k's vocabulary
+        ([[-1]], "invalid token ids"),
+        ([[45918]], "invalid token ids"),  # the first bytes of "語" only
     ],
 )
 def test_bad_requests_get_openai_error_shape(
@@ -135,6 +138,14 @@ def test_response_body_matches_openai_and_base64_decodes(
     encoded = post(client, ["alpha beta", "gamma"], encoding_format="base64").json()
     decoded = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in encoded["data"]]
     np.testing.assert_allclose(decoded, [d["embedding"] for d in plain["data"]], atol=1e-6)
+
+
+def test_token_id_inputs_are_embedded_as_their_text(limited: Limited) -> None:
+    client, _ = limited
+    by_ids = post(client, [[15339, 1917]]).json()  # cl100k's "hello world"
+    by_text = post(client, ["hello world"]).json()
+    assert by_ids["data"][0]["embedding"] == by_text["data"][0]["embedding"]
+    assert by_ids["usage"]["prompt_tokens"] == 2
 
 
 def test_models_listing(limited: Limited) -> None:

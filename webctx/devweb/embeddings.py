@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from webctx.tokens import count_tokens, encoding
+from webctx.tokens import count_tokens, decode
 
 EmbedFn = Callable[[list[str]], list[list[float]]]
 
@@ -177,8 +177,8 @@ def _texts(raw: object) -> list[str]:
     for item in raw:
         if isinstance(item, list) and item and all(isinstance(t, int) for t in item):
             try:
-                texts.append(encoding().decode(item))
-            except (KeyError, ValueError, OverflowError) as exc:  # unknown token id
+                texts.append(decode(item))
+            except ValueError as exc:  # unknown token id, or ids that split a character
                 raise BadRequest("'$.input' has invalid token ids.", param="input") from exc
         elif isinstance(item, str) and item:
             texts.append(item)
