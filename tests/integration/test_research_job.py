@@ -59,6 +59,18 @@ def _assert_failures_recorded(bundle: Bundle, web: LoopbackWeb) -> None:
     assert bundle.stats.failed >= len(HOSTILE)
 
 
+def _shown_bundle(env: dict[str, str], job_id: str, fmt: str) -> str:
+    """`webctx bundle JOB --format fmt` once the job has a bundle (waits up to 60 s)."""
+    deadline = time.monotonic() + 60
+    while True:
+        shown = run_cli(env, "bundle", job_id, "--format", fmt)
+        if shown.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
 def test_research_embedded_default_returns_grounded_bundle(
     test_web: LoopbackWeb, tmp_path: Path
 ) -> None:
@@ -128,14 +140,8 @@ def test_research_no_wait_prints_job_id_then_bundle_is_retrievable(
     job_id = done.stdout.strip()
     assert len(job_id) == 32
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        shown = run_cli(env, "bundle", job_id, "--format", "markdown")
-        if shown.returncode == 0:
-            break
-        time.sleep(0.5)
-    assert shown.returncode == 0, shown.stderr
-    assert "[1]" in shown.stdout and QUESTION in shown.stdout
+    shown = _shown_bundle(env, job_id, "markdown")
+    assert "[1]" in shown and QUESTION in shown
 
 
 def test_job_whose_sources_all_fail_ends_failed_with_failures_listed(
@@ -283,14 +289,19 @@ def test_a_store_task_whose_staged_chunks_were_lost_embeds_the_page_again(
     redis_client.delete(*staged)  # lost: expired, or Redis lost them
 
     vec = start_worker(env, "-Q", "store,rank", "-n", "vec@%h")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        shown = run_cli(env, "bundle", job_id, "--format", "json")
-        if shown.returncode == 0:
-            break
-        time.sleep(0.5)
-    assert shown.returncode == 0, shown.stderr
-    bundle = Bundle.model_validate_json(shown.stdout)
+    bundle = Bundle.model_validate_json(_shown_bundle(env, job_id, "json"))
     _assert_grounded(bundle, test_web)
     assert len(staged) <= vec.log.read_text().count("staged chunks missing") <= queued
     assert redis_client.keys("webctx:staged:*") == []  # stored, then dropped
+
+
+def test_workers_that_count_tokens_load_the_tokenizer_at_start(
+    tmp_path: Path, start_worker
+) -> None:
+    env = clean_env(CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    fetching = start_worker(env, "-Q", "search,fetch", "-n", "sf@%h")
+    storing = start_worker(env, "-Q", "store,rank", "-n", "vr@%h")
+    # Loaded before "ready.", not by the first task that needs it.
+    ready = storing.log.read_text()
+    assert "tokenizer loaded" in ready.split("ready.")[0]
+    assert "tokenizer loaded" not in fetching.log.read_text()
