@@ -86,6 +86,7 @@ from webctx.stages.fetch import fetch_page  # noqa: E402
 from webctx.stages.plan import plan_queries  # noqa: E402
 from webctx.stages.rank import rank_chunks  # noqa: E402
 from webctx.stages.search import merge_results, search_query  # noqa: E402
+from webctx.stages.store import vector_lookup  # noqa: E402
 
 BUDGETS = (250, 500, 1000, 2000, 4000)
 MAX_SOURCES, MAX_QUERIES, RESULTS_PER_QUERY, TOP_K = 8, 4, 10, 200
@@ -173,8 +174,9 @@ def run_webctx(
             question=job.question.question, pages=pages, stats=BundleStats(),
             embedder=embedder, store=store, top_k=TOP_K, embedding=EmbedSettings(),
         )  # fmt: skip
+        vectors = vector_lookup(store, embedder.model)
         for budget in BUDGETS:
-            ranked = rank_chunks(candidates, top_k=TOP_K, token_budget=budget)
+            ranked = rank_chunks(candidates, top_k=TOP_K, token_budget=budget, vectors=vectors)
             bundle = build_bundle(
                 job_id=f"bench-{n}", question=job.question.question, queries=job.queries,
                 pages=pages, ranked=ranked, failures=job.failures, stats=BundleStats(),

@@ -59,9 +59,19 @@ class VectorStore(Protocol):
         ...
 
     def search(
-        self, vector: Sequence[float], *, limit: int, content_sha256s: Sequence[str]
+        self,
+        vector: Sequence[float],
+        *,
+        limit: int,
+        content_sha256s: Sequence[str],
+        with_vectors: bool = True,
     ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the given pages, with vectors."""
+        """Nearest chunks by cosine similarity among the given pages; with their vectors
+        unless `with_vectors` is False (then each hit's vector is empty)."""
+        ...
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        """The stored vectors of the points among `ids` that exist."""
         ...
 
     def count(self) -> int:

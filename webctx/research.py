@@ -14,7 +14,7 @@ from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page
 from webctx.stages.embed import CachedEmbedOutcome, embed_texts, embed_with_cache
 from webctx.stages.rank import fuse_lexical, rank_chunks
-from webctx.stages.store import make_points, store_chunks
+from webctx.stages.store import make_points, store_chunks, vector_lookup
 
 
 @dataclass
@@ -143,7 +143,8 @@ def retrieve_candidates(
     question_vector: Sequence[float] | None = None,
 ) -> list[ScoredChunk]:
     """Embed the question (unless its vector is given, already accounted for), pull the
-    job's nearest chunks, fuse cosine and BM25 ranks."""
+    job's nearest chunks (without their vectors: `vector_lookup` gets the few that ranking
+    needs), fuse cosine and BM25 ranks."""
     if question_vector is None:
         outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
         stats.embed_requests += outcome.requests
@@ -155,6 +156,7 @@ def retrieve_candidates(
         question_vector,
         limit=candidate_limit(top_k, len(pages)),
         content_sha256s=list(pages),
+        with_vectors=False,  # rank_chunks looks up the few it needs (`vector_lookup`)
     )
     # A point's stored url is whichever job wrote it last; cite this job's URL.
     candidates = [
@@ -188,7 +190,8 @@ def answer_question(
         top_k=top_k, embedding=embedding, cache=cache, limiter=limiter,
         question_vector=question_vector,
     )  # fmt: skip
-    ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget)
+    ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget,
+                         vectors=vector_lookup(store, embedder.model))  # fmt: skip
     return build_bundle(
         job_id=job_id,
         question=question,

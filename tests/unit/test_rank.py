@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
 from tests.factories import make_page, make_scored, one_hot
 from webctx.models import ScoredChunk
-from webctx.stages.rank import bm25_scores, cosine, fuse_lexical, fuse_ranks, rank_chunks
+from webctx.stages.rank import (
+    VECTOR_WINDOW,
+    bm25_scores,
+    cosine,
+    fuse_lexical,
+    fuse_ranks,
+    rank_chunks,
+)
 
 
 def _texts(scored: list[ScoredChunk]) -> list[str]:
@@ -80,6 +88,49 @@ def test_near_identical_vector_counts_as_duplicate() -> None:
     ]
     ranked = rank_chunks(candidates, top_k=10, token_budget=1000, dedup_threshold=0.95)
     assert _texts(ranked) == ["Wording one.", "Other topic."]
+
+
+def test_candidates_searched_without_vectors_are_deduplicated_by_looked_up_ones() -> None:
+    almost = [1.0, 0.01] + [0.0] * 62
+    full = [
+        make_scored("Wording one.", score=0.9, url="https://a.example", vector=one_hot(0)),
+        make_scored("Wording two.", score=0.8, url="https://b.example", vector=almost),
+        make_scored("Other topic.", score=0.7, url="https://c.example", vector=one_hot(1)),
+    ]
+    stored = {c.chunk.text: c.vector for c in full}
+    bare = [c.model_copy(update={"vector": []}) for c in full]
+    asked: list[list[str]] = []
+
+    def lookup(hits: Sequence[ScoredChunk]) -> list[list[float]]:
+        asked.append([h.chunk.text for h in hits])
+        return [stored[h.chunk.text] for h in hits]
+
+    ranked = rank_chunks(bare, top_k=10, token_budget=1000, vectors=lookup)
+    assert _texts(ranked) == ["Wording one.", "Other topic."]
+    assert asked == [["Wording one.", "Wording two.", "Other topic."]]  # one window
+    # Without a lookup there is nothing to compare: both wordings stay.
+    assert len(rank_chunks(bare, top_k=10, token_budget=1000)) == 3
+
+
+def test_vectors_are_looked_up_only_as_far_as_the_picker_reads() -> None:
+    candidates = [
+        make_scored(
+            f"Passage {i}.", score=1 - i / 1000, url=f"https://s{i}.example", tokens=10, vector=[]
+        )
+        for i in range(VECTOR_WINDOW * 3)
+    ]
+    asked: list[int] = []
+
+    def lookup(hits: Sequence[ScoredChunk]) -> list[list[float]]:
+        asked.append(len(hits))
+        return [one_hot(int(h.chunk.text.split()[1].rstrip(".")) % 64) for h in hits]
+
+    # A token budget that 5 chunks fill: only the first window is ever fetched.
+    ranked = rank_chunks(candidates, top_k=10, token_budget=50, vectors=lookup)
+    assert len(ranked) == 5 and asked == [VECTOR_WINDOW]
+    # A lookup that finds nothing (points deleted meanwhile) skips the check only.
+    assert len(rank_chunks(candidates, top_k=3, token_budget=1000,
+                           vectors=lambda hits: [[] for _ in hits])) == 3  # fmt: skip
 
 
 def test_overlapping_windows_of_one_page_are_dropped() -> None:

@@ -21,7 +21,7 @@ from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable
 from webctx.models import Chunk, StoredChunk
 from webctx.ports import VectorStore
-from webctx.stages.store import make_points, point_id, store_chunks
+from webctx.stages.store import make_points, point_id, store_chunks, vector_lookup
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test-embedding"
@@ -134,6 +134,33 @@ def test_payload_and_vector_round_trip(store: VectorStore) -> None:
     assert hit.url == "https://a.test/"
     # Cosine stores are normalised, as Qdrant does: the vector comes back with length 1.
     assert hit.vector == pytest.approx(unit([3.0, 4.0, 0.0]), abs=1e-6)
+
+
+def test_search_without_vectors_finds_the_same_hits_with_empty_vectors(
+    store: VectorStore,
+) -> None:
+    store.upsert(page_points("a", [[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.0, 0.0, 1.0]]))
+    query, pages = [1.0, 0.1, 0.0], [sha("a")]
+    full = store.search(query, limit=3, content_sha256s=pages)
+    bare = store.search(query, limit=3, content_sha256s=pages, with_vectors=False)
+    assert [(h.chunk, h.url) for h in bare] == [(h.chunk, h.url) for h in full]
+    assert [h.score for h in bare] == pytest.approx([h.score for h in full])
+    assert all(h.vector == [] for h in bare) and all(h.vector for h in full)
+
+
+def test_vectors_by_point_id_are_the_stored_ones_and_skip_unknown_ids(
+    store: VectorStore,
+) -> None:
+    assert store.vectors([point_id(sha("a"), 0, 10, MODEL)]) == {}  # nothing stored yet
+    points = page_points("a", [[3.0, 4.0, 0.0], [0.0, 0.0, 2.0]])
+    store.upsert(points)
+    missing = point_id(sha("b"), 0, 10, MODEL)
+    found = store.vectors([points[1].id, missing, points[0].id])
+    assert set(found) == {points[0].id, points[1].id}
+    assert found[points[0].id] == pytest.approx(unit([3.0, 4.0, 0.0]), abs=1e-6)
+    assert found[points[1].id] == pytest.approx([0.0, 0.0, 1.0], abs=1e-6)
+    (hit,) = store.search([3.0, 4.0, 0.0], limit=1, content_sha256s=[sha("a")])
+    assert vector_lookup(store, MODEL)([hit]) == [pytest.approx(hit.vector, abs=1e-6)]
 
 
 def test_dimension_is_learned_at_first_upsert(store: VectorStore) -> None:

@@ -116,13 +116,28 @@ class EdgeVectorStore:
         _keep_marks_upsert(shard, [(p.id, list(p.vector), point_payload(p)) for p in points])
 
     def search(
-        self, vector: Sequence[float], *, limit: int, content_sha256s: Sequence[str]
+        self,
+        vector: Sequence[float],
+        *,
+        limit: int,
+        content_sha256s: Sequence[str],
+        with_vectors: bool = True,
     ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the given pages, with vectors."""
+        """Nearest chunks by cosine similarity among the given pages, with vectors unless
+        `with_vectors` is False."""
         if not content_sha256s:
             return []
         pages = qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(content_sha256s)))
-        return self._dense_query(vector, limit, qe.Filter(must=[pages]))
+        return self._dense_query(vector, limit, qe.Filter(must=[pages]), vectors=with_vectors)
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        """The stored vectors of the points among `ids` that exist."""
+        shard = self._current()
+        if shard is None or not ids:
+            return {}
+        wanted: list[qe.PointId] = list(ids)
+        records = _engine(lambda: shard.retrieve(wanted, with_payload=False, with_vector=True))
+        return {str(r.id): _dense(r.vector) for r in records}
 
     def search_live(
         self, vector: Sequence[float], *, limit: int, scope: IndexScope

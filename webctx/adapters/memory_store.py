@@ -44,11 +44,23 @@ class MemoryVectorStore:
                 self._points[point.id] = (_unit(point.vector), point)
 
     def search(
-        self, vector: Sequence[float], *, limit: int, content_sha256s: Sequence[str]
+        self,
+        vector: Sequence[float],
+        *,
+        limit: int,
+        content_sha256s: Sequence[str],
+        with_vectors: bool = True,
     ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the given pages, with vectors."""
+        """Nearest chunks by cosine similarity among the given pages, with vectors unless
+        `with_vectors` is False."""
         pages = set(content_sha256s)
-        return self._nearest(vector, limit, lambda sha: sha in pages)
+        hits = self._nearest(vector, limit, lambda sha: sha in pages)
+        return hits if with_vectors else [h.model_copy(update={"vector": []}) for h in hits]
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        """The stored vectors of the points among `ids` that exist."""
+        with self._lock:
+            return {pid: self._points[pid][0].tolist() for pid in ids if pid in self._points}
 
     def search_live(
         self, vector: Sequence[float], *, limit: int, scope: IndexScope

@@ -101,12 +101,27 @@ class QdrantVectorStore:
         self._keep_marks_upsert(self.collection, structs)
 
     def search(
-        self, vector: Sequence[float], *, limit: int, content_sha256s: Sequence[str]
+        self,
+        vector: Sequence[float],
+        *,
+        limit: int,
+        content_sha256s: Sequence[str],
+        with_vectors: bool = True,
     ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the given pages, with vectors."""
+        """Nearest chunks by cosine similarity among the given pages, with vectors unless
+        `with_vectors` is False."""
         if not content_sha256s:
             return []
-        return self._dense_query(vector, limit, _pages(content_sha256s))
+        return self._dense_query(vector, limit, _pages(content_sha256s), vectors=with_vectors)
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, list[float]]:
+        """The stored vectors of the points among `ids` that exist."""
+        if not ids or not self._exists():
+            return {}
+        records = _client(functools.partial(
+            self.client.retrieve, self.collection, list(ids), with_payload=False,
+            with_vectors=True))  # fmt: skip
+        return {str(r.id): _dense(r.vector) for r in records}
 
     def search_live(
         self, vector: Sequence[float], *, limit: int, scope: IndexScope

@@ -14,10 +14,11 @@ and BM25 ranks (what `answer_question` passes in).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -112,6 +113,12 @@ def fuse_lexical(
     return [c.model_copy(update={"score": f}) for c, f in zip(candidates, fused, strict=True)]
 
 
+VectorLookup = Callable[[Sequence[ScoredChunk]], Sequence[Sequence[float]]]
+"""The stored vectors of candidates searched without them, in order ([] when gone)."""
+VECTOR_WINDOW = 64
+"""Candidates whose vectors one lookup fetches, from the first one the picker needs."""
+
+
 def rank_chunks(
     candidates: Sequence[ScoredChunk],
     *,
@@ -119,28 +126,55 @@ def rank_chunks(
     token_budget: int,
     per_source_cap: int | None = PER_SOURCE_CAP,
     dedup_threshold: float = DEDUP_THRESHOLD,
+    vectors: VectorLookup | None = None,
 ) -> list[ScoredChunk]:
     """Best distinct chunks by score, at most `top_k`, whose tokens sum within `token_budget`.
 
-    `per_source_cap` None: no cap, score order alone decides."""
+    `per_source_cap` None: no cap, score order alone decides. `vectors`: how to get the
+    vectors of candidates that came without one, for the near-duplicate check; only those
+    the picker reaches are fetched (a job's ~1,000 candidates' vectors cost twice its
+    search, and the picker looks at a few dozen)."""
     if per_source_cap is not None and per_source_cap < 1:
         raise ValueError("per_source_cap must be at least 1")
     picker = _Picker(top_k=top_k, token_budget=token_budget, dedup_threshold=dedup_threshold)
+    ordered = _by_score(candidates)
+    vector_of = _Vectors(ordered, vectors)
     per_source: Counter[str] = Counter()
-    deferred: list[ScoredChunk] = []
-    for candidate in _by_score(candidates):
+    deferred: list[int] = []
+    for i, candidate in enumerate(ordered):
         if picker.full():
             break
         if per_source_cap is not None and per_source[candidate.url] >= per_source_cap:
-            deferred.append(candidate)
-        elif picker.offer(candidate):
+            deferred.append(i)
+        elif picker.offer(candidate, functools.partial(vector_of, i)):
             per_source[candidate.url] += 1
     # Relax the cap only now: one source's extra chunks beat an emptier bundle.
-    for candidate in deferred:
+    for i in deferred:
         if picker.full():
             break
-        picker.offer(candidate)
+        picker.offer(ordered[i], functools.partial(vector_of, i))
     return _by_score(picker.selected)
+
+
+class _Vectors:
+    """Vectors of score-ordered candidates by position; those that came without one are
+    looked up in windows of VECTOR_WINDOW, from the first position asked for."""
+
+    def __init__(self, ordered: Sequence[ScoredChunk], lookup: VectorLookup | None) -> None:
+        self._ordered = ordered
+        self._lookup = lookup
+        self._found: dict[int, Sequence[float]] = {}
+
+    def __call__(self, i: int) -> Sequence[float]:
+        vector = self._ordered[i].vector
+        if vector or self._lookup is None:
+            return vector
+        if i not in self._found:
+            window = [j for j in range(i, min(i + VECTOR_WINDOW, len(self._ordered)))
+                      if j not in self._found and not self._ordered[j].vector]  # fmt: skip
+            got = self._lookup([self._ordered[j] for j in window])
+            self._found.update(zip(window, got, strict=True))
+        return self._found[i]
 
 
 def _by_score(chunks: Sequence[ScoredChunk]) -> list[ScoredChunk]:
@@ -174,15 +208,16 @@ class _Picker:
         """True when no further chunk can be taken."""
         return len(self.selected) >= self.top_k or self.budget_left <= 0
 
-    def offer(self, candidate: ScoredChunk) -> bool:
-        """Take `candidate` if it fits and repeats nothing selected; report whether it was."""
+    def offer(self, candidate: ScoredChunk, vector: Callable[[], Sequence[float]]) -> bool:
+        """Take `candidate` (whose vector `vector()` gives) if it fits and repeats nothing
+        selected; report whether it was."""
         chunk = candidate.chunk
         if self.full() or chunk.tokens > self.budget_left:
             return False
         text = _normalise(chunk.text)
         if text in self._texts or self._overlaps(chunk.content_sha256, chunk.start, chunk.end):
             return False
-        unit = _unit(candidate.vector)  # the costly check last
+        unit = _unit(vector())  # the costly check last
         if self._near_duplicate(unit):
             return False
         self.selected.append(candidate)

@@ -7,7 +7,7 @@ retried task or a second job that meets the same page overwrites instead of dupl
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from webctx.models import Chunk, ScoredChunk, StoredChunk
 from webctx.ports import VectorStore
@@ -26,6 +26,19 @@ def point_id(content_sha256: str, start: int, end: int, model: str) -> str:
     """The UUIDv5 of one chunk of one page text embedded by one model."""
     # The model goes last: it is the only part that may contain the separator.
     return str(uuid.uuid5(POINT_NAMESPACE, f"{content_sha256}:{start}:{end}:{model}"))
+
+
+def vector_lookup(
+    store: VectorStore, model: str
+) -> Callable[[Sequence[ScoredChunk]], list[list[float]]]:
+    """Stored vectors of hits searched without them, by their point ids ([] when gone)."""
+
+    def lookup(hits: Sequence[ScoredChunk]) -> list[list[float]]:
+        ids = [point_id(h.chunk.content_sha256, h.chunk.start, h.chunk.end, model) for h in hits]
+        found = store.vectors(ids)
+        return [found.get(pid, []) for pid in ids]
+
+    return lookup
 
 
 def make_points(
