@@ -192,12 +192,16 @@ class IndexedPages:
     """Content hash -> chunks stored, per (store, embedding model, chunking): a page already
     in the vector store is not chunked, embedded or upserted again while the entry lives.
 
-    `forget` must follow any deletion of a page's points (the index's page removal does)."""
+    `forget` must follow any deletion of a page's points (the index's page removal does);
+    `forget_store` any loss of the store itself (a process that opens it empty calls it:
+    the store was wiped, or is new at an address a wiped one had). It moves the scope to
+    a new epoch, and marks of an older epoch count as unknown."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: int, scope: Sequence[str]) -> None:
         self.r = client
         self.ttl_s = ttl_s
         self.scope = _digest(*scope)[:16]
+        self._epoch_key = f"{_PREFIX}:indexed-epoch:{self.scope}"
 
     @staticmethod
     def _key(content_sha256: str) -> str:
@@ -207,17 +211,28 @@ class IndexedPages:
         """How many chunks of the page are stored, or None if it is not known to be."""
         if self.ttl_s <= 0:
             return None
-        raw = self.r.hget(self._key(content_sha256), self.scope)
-        return int(cast(str, raw)) if raw is not None else None
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(self._epoch_key)
+        pipe.hget(self._key(content_sha256), self.scope)
+        epoch, raw = pipe.execute()
+        if raw is None:
+            return None
+        chunks, _, marked_in = cast(str, raw).partition("@")
+        return int(chunks) if (marked_in or "0") == (epoch or "0") else None
 
     def mark(self, content_sha256: str, chunks: int) -> None:
-        """Record that all `chunks` chunks of the page are stored."""
+        """Record that all `chunks` chunks of the page are stored (in the current epoch)."""
         if self.ttl_s > 0:
+            epoch = cast(str | None, self.r.get(self._epoch_key)) or "0"
             key = self._key(content_sha256)
             pipe = self.r.pipeline()
-            pipe.hset(key, self.scope, str(chunks))
+            pipe.hset(key, self.scope, f"{chunks}@{epoch}")
             pipe.expire(key, self.ttl_s)
             pipe.execute()
+
+    def forget_store(self) -> None:
+        """Forget every page marked in this scope: its store no longer holds them."""
+        self.r.incr(self._epoch_key)  # no TTL: it must outlive the marks it voids
 
     def forget(self, content_sha256s: Sequence[str]) -> None:
         """Drop what is known of pages whose points were deleted (in every scope)."""

@@ -7,6 +7,8 @@ from celery import Celery, signals
 
 from celeryconfig import INDEX_QUEUE
 from webctx import tokens
+from webctx.errors import WebctxError
+from workers.deps import worker_deps
 from workers.metrics import install_worker_signals
 
 app = Celery("webctx", include=["workers.tasks", "workers.index_tasks"])
@@ -32,12 +34,31 @@ def load_tokenizer(queues: set[str]) -> bool:
     return True
 
 
+def open_store(queues: set[str], pool: type) -> bool:
+    """Open the vector store now on a worker that stores, unless its pool forks (each
+    child opens its own). Opening it checks whether it is empty (`Deps.store`), and that
+    must happen before this worker's first task: pages marked stored in a wiped store
+    would otherwise be skipped."""
+    if "store" not in queues or "prefork" in pool.__module__:
+        return False
+    try:
+        opened = worker_deps().open_store()
+    except WebctxError as exc:  # the first store task reports it, as without this
+        logger.error("vector store not opened", extra={"exc": str(exc)})
+        return False
+    logger.info("vector store opened", extra={"store": type(opened).__name__})
+    return True
+
+
 @signals.celeryd_after_setup.connect(weak=False)
-def _load_tokenizer(instance: Any = None, **_: Any) -> None:
+def _prepare(instance: Any = None, **_: Any) -> None:
     """Main worker process, once -Q applies and logging is set up, before the pool starts
-    (forked children share the tables)."""
-    queues = instance.app.amqp.queues.consume_from if instance is not None else {}
-    load_tokenizer(set(queues))
+    (forked children share the tokenizer's tables)."""
+    if instance is None:
+        return
+    queues = set(instance.app.amqp.queues.consume_from)
+    load_tokenizer(queues)
+    open_store(queues, instance.pool_cls)
 
 
 def broker_priority(priority: int | None) -> int | None:

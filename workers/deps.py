@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 
@@ -10,11 +11,14 @@ import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.embed_cache import RedisEmbeddingCache
-from webctx.errors import ConfigError
+from webctx.errors import ConfigError, WebctxError
 from webctx.jobs import JobStore
+from webctx.pagecache import IndexedPages
 from webctx.ports import ConditionalFetcher, Embedder, SearchProvider, VectorStore
 from webctx.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.settings import Settings, get_settings
+
+logger = logging.getLogger("webctx.deps")
 
 
 @dataclass
@@ -40,11 +44,40 @@ class Deps:
 
     @property
     def store(self) -> VectorStore:
-        """The vector store, opened on first use."""
+        """The vector store, opened on first use. Opened empty, it voids the marks of pages
+        stored before (`IndexedPages.forget_store`): trusting them would skip embedding
+        pages the store no longer holds, and rank would find nothing of them."""
         with self._store_lock:
             if self._store is None:
-                self._store = build_store(self.settings)
+                store = build_store(self.settings)
+                try:
+                    empty = store.count() == 0
+                except WebctxError as exc:  # a server down now: its tasks will say so
+                    logger.warning("vector store not counted", extra={"exc": str(exc)})
+                    empty = False
+                if empty:
+                    self.indexed_pages().forget_store()
+                self._store = store
             return self._store
+
+    def open_store(self) -> VectorStore:
+        """Open the store now rather than at the first task that needs it (see `store`)."""
+        return self.store
+
+    def index_scope(self) -> tuple[str, ...]:
+        """What a stored page's points depend on: store, collection, model, chunking."""
+        settings = self.settings
+        return (
+            settings.qdrant_url or str(settings.qdrant_path.resolve()),
+            settings.qdrant_collection,
+            self.embedder.model,
+            f"{settings.chunk.max_tokens}/{settings.chunk.overlap_tokens}",
+        )
+
+    def indexed_pages(self) -> IndexedPages:
+        """Pages known to be in this store, embedded by this model, chunked this way."""
+        return IndexedPages(self.jobs.r, ttl_s=self.settings.page_cache_ttl_s,
+                            scope=self.index_scope())  # fmt: skip
 
     def close(self) -> None:
         """Close the vector store if it was opened (the embedded engine holds a lock)."""

@@ -29,6 +29,7 @@ def embedded_worker(settings: Settings) -> Iterator[Deps]:
     if not str(app.conf.broker_url).startswith("memory://"):
         raise ConfigError(f"embedded mode needs the memory:// broker, not {app.conf.broker_url}")
     deps = build_deps(settings)
+    deps.open_store()  # before any task, as a store worker does (workers.app.open_store)
     set_deps(deps)
     setup_app_for_worker(app, "WARNING", None)
     worker = TestWorkController(

@@ -134,7 +134,7 @@ def _stored_already(deps: Deps, job_id: str, url_id: str, page: Page) -> bool:
     than the check (the embed task checks again, for pages stored meanwhile)."""
     if deps.jobs.is_done(job_id, "embed", url_id):
         return True
-    return _counted_if_stored(deps, job_id, _indexed_pages(deps), page)
+    return _counted_if_stored(deps, job_id, deps.indexed_pages(), page)
 
 
 def _counted_if_stored(deps: Deps, job_id: str, indexed: IndexedPages, page: Page) -> bool:
@@ -398,31 +398,15 @@ def _download(deps: Deps, job_id: str, url_id: str, url: str, cache: PageCache) 
     return page
 
 
-def _index_scope(deps: Deps) -> tuple[str, ...]:
-    """What a stored page's points depend on: store, collection, model, chunking."""
-    settings = deps.settings
-    return (
-        settings.qdrant_url or str(settings.qdrant_path.resolve()),
-        settings.qdrant_collection,
-        deps.embedder.model,
-        f"{settings.chunk.max_tokens}/{settings.chunk.overlap_tokens}",
-    )
-
-
-def _indexed_pages(deps: Deps) -> IndexedPages:
-    """Pages known to be in this store, embedded by this model, chunked this way."""
-    return IndexedPages(deps.jobs.r, ttl_s=deps.settings.page_cache_ttl_s, scope=_index_scope(deps))
-
-
 def _staging(deps: Deps) -> ChunkStaging:
     """Embedded pages waiting for the store task, in this index scope."""
-    scope = hashlib.sha256("\x1f".join(_index_scope(deps)).encode()).hexdigest()[:16]
+    scope = hashlib.sha256("\x1f".join(deps.index_scope()).encode()).hexdigest()[:16]
     return ChunkStaging(deps.blobs, scope=scope)
 
 
 def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> bool:
     """Chunk and embed the page and stage it; True when the store task must follow."""
-    indexed = _indexed_pages(deps)
+    indexed = deps.indexed_pages()
     if _counted_if_stored(deps, job_id, indexed, page):  # nothing to chunk or embed
         return False
     try:
@@ -452,7 +436,7 @@ def _embed_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page
 def _store_page(task: Task[Any, Any], deps: Deps, job_id: str, url_id: str, page: Page) -> None:
     """Upsert the page's staged chunks and mark the page stored. A page whose staged
     entry is gone (expired, Redis lost it) is embedded again here."""
-    indexed = _indexed_pages(deps)
+    indexed = deps.indexed_pages()
     if _counted_if_stored(deps, job_id, indexed, page):  # another job's store task wrote it
         return
     staging = _staging(deps)

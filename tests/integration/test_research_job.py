@@ -4,6 +4,7 @@ openai client, trafilatura and httpx, against the loopback test web."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -305,3 +306,31 @@ def test_workers_that_count_tokens_load_the_tokenizer_at_start(
     ready = storing.log.read_text()
     assert "tokenizer loaded" in ready.split("ready.")[0]
     assert "tokenizer loaded" not in fetching.log.read_text()
+
+
+def test_a_wiped_store_is_filled_again_not_trusted_to_hold_its_pages(
+    test_web: LoopbackWeb, tmp_path: Path, start_worker
+) -> None:
+    store = tmp_path / "q"
+    env = clean_env(**test_web.env(), CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(store))
+
+    def research() -> Bundle:
+        done = run_cli(env, "research", QUESTION, "--max-sources", "8")
+        assert done.returncode == 0, done.stderr[-2000:]
+        return Bundle.model_validate_json(done.stdout)
+
+    worker = start_worker(env)
+    first = research()
+    worker.stop()
+    shutil.rmtree(store)  # the user starts the vector store afresh; Redis keeps its marks
+    worker = start_worker(env)
+    second = research()
+    worker.stop()
+    assert first.chunks and first.stats.chunks > 0
+    # Every page is stored again (from the embedding cache), and the bundle is as full.
+    assert second.stats.chunks == first.stats.chunks
+    assert second.stats.cache_hits == first.stats.chunks + 1  # every chunk and the question
+    assert [c.text for c in second.chunks] == [c.text for c in first.chunks]
+    reopened = EdgeVectorStore(store)
+    assert reopened.count() >= first.stats.chunks
+    reopened.close()

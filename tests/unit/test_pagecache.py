@@ -109,6 +109,25 @@ def test_indexed_pages_are_known_per_store_model_and_chunking_until_forgotten() 
     assert off.chunks("sha-c") is None
 
 
+def test_a_forgotten_store_voids_its_marks_and_keeps_later_ones() -> None:
+    client = _client()
+    here = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
+    elsewhere = IndexedPages(client, ttl_s=3600, scope=("/other", "chunks", "m1", "64/0"))
+    here.mark("sha-a", 12)
+    elsewhere.mark("sha-a", 7)
+    # A mark written before epochs existed (a bare count) holds until the first reset.
+    client.hset("webctx:indexed:sha-b", here.scope, "5")
+    assert here.chunks("sha-b") == 5
+    here.forget_store()
+    assert here.chunks("sha-a") is None and here.chunks("sha-b") is None
+    assert elsewhere.chunks("sha-a") == 7  # another store keeps what it holds
+    here.mark("sha-a", 12)
+    assert here.chunks("sha-a") == 12
+    # Another process's view of the same scope agrees (the epoch lives in Redis).
+    again = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
+    assert again.chunks("sha-a") == 12
+
+
 def test_a_page_past_its_window_is_stale_with_its_validators_until_it_expires() -> None:
     cache = PageCache(_client(), ttl_s=1)
     page = make_page(url="https://example.org/a", fetched_at=datetime.now(UTC), etag='"v1"')
