@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,9 +137,9 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
 
 
-def _questions_file(questions: list[Question], n: int, path: Path) -> Path:
+def _questions_file(questions: list[Question], path: Path) -> Path:
     path.write_text(
-        "".join(json.dumps({"id": q.id, "question": q.question}) + "\n" for q in questions[:n])
+        "".join(json.dumps({"id": q.id, "question": q.question}) + "\n" for q in questions)
     )
     return path
 
@@ -178,16 +179,24 @@ class Workers:
             time.sleep(0.3)
 
     def rss_mb(self) -> dict[str, float]:
-        """Resident memory by role: the largest search/fetch/embed process, the store/rank
-        one, and the store/rank one's anonymous memory (its heap; file-backed pages are the
-        embedded vector engine's mapped storage)."""
+        """Resident memory by role: the largest search/fetch/embed process; the store/rank
+        one's RSS, its PSS (the engine maps its vector file twice, and RSS counts those
+        pages twice; PSS once), and its anonymous memory (heap; the file-backed rest is
+        the embedded engine's mapped storage, which the kernel can reclaim)."""
         out = []
         for proc in self.procs:
             lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
             kb = {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines)
                   if k in ("VmRSS", "RssAnon")}  # fmt: skip
             out.append((kb["VmRSS"] / 1024, kb["RssAnon"] / 1024))
-        return {"io": max(rss for rss, _ in out[:-1]), "vec": out[-1][0], "vec_anon": out[-1][1]}
+        rollup = Path(f"/proc/{self.procs[-1].pid}/smaps_rollup").read_text()
+        pss = next(int(ln.split()[1]) for ln in rollup.splitlines() if ln.startswith("Pss:"))
+        return {
+            "io": max(rss for rss, _ in out[:-1]),
+            "vec": out[-1][0],
+            "vec_pss": pss / 1024,
+            "vec_anon": out[-1][1],
+        }
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds (user + system) so far by role: all search/fetch/embed processes, and
@@ -279,36 +288,25 @@ def broker_run(
             extra["idle_s"] = _interactive(env, questions[-1].question)
         before = web.downloads()
         cpu_before, web_cpu_before = procs.cpu_s(), time.process_time()
-        file = _questions_file(questions, n, run_dir / "q.jsonl")
-        submitted = _cli(env, "batch", "submit", str(file), "--name", f"b{n}-{workers}")
-        if submitted.returncode != 0:
-            raise SystemExit(submitted.stderr[-3000:])
-        batch_id = submitted.stdout.strip()
-        probed = not probe
-        while True:
-            status = _status(client, batch_id)
-            ended = int(status["done"]) + int(status["failed"])  # type: ignore[call-overload]
-            if probe and ended >= 10 and "rss10_io_mb" not in extra:
-                extra.update({f"rss10_{k}_mb": v for k, v in procs.rss_mb().items()})
-            if probe and ended >= n // 2 and "rss_mid_io_mb" not in extra:
-                extra.update({f"rss_mid_{k}_mb": v for k, v in procs.rss_mb().items()})
-            if not probed and ended >= n // 4:
-                extra["loaded_s"] = _interactive(env, questions[-2].question)
-                probed = True
-            if status["state"] != "running" and not status["running"]:
-                break
-            time.sleep(0.5)
-        if probe:
-            extra.update({f"rss_end_{k}_mb": v for k, v in procs.rss_mb().items()})
+        file = _questions_file(questions[:n], run_dir / "q.jsonl")
+        batch_id = _submit(env, file, f"b{n}-{workers}")
+        quarter = None if not probe else (lambda: _interactive(env, questions[-2].question))
+        status = _follow(client, batch_id, n, procs if probe else None, "", extra, quarter)
         cpu = {k: v - cpu_before[k] for k, v in procs.cpu_s().items()}
         cpu["web"] = time.process_time() - web_cpu_before  # the loopback servers (this process)
+        downloads = web.downloads() - before
+        if probe:
+            # The same workers, a second batch of new questions over the now indexed web:
+            # memory per item, without the index's growth of the cold batch.
+            warm = _questions_file(questions[n : 2 * n], run_dir / "warm.jsonl")
+            _follow(client, _submit(env, warm, f"warm{n}"), n, procs, "warm_", extra, None)
         run = Run(
             label=f"broker, {workers} worker{'s' if workers > 1 else ''}",
             n=n,
             elapsed_s=float(status["stats"]["elapsed_s"]),  # type: ignore[index]
             latencies=_latencies(client, batch_id, n),
             stats=dict(status["stats"]),  # type: ignore[call-overload]
-            downloads=web.downloads() - before,
+            downloads=downloads,
             done=int(status["done"]),  # type: ignore[call-overload]
             failed=int(status["failed"]),  # type: ignore[call-overload]
             cpu_s=cpu,
@@ -318,6 +316,42 @@ def broker_run(
         client.flushdb()
         client.close()
     return run, extra
+
+
+def _submit(env: dict[str, str], file: Path, name: str) -> str:
+    submitted = _cli(env, "batch", "submit", str(file), "--name", name)
+    if submitted.returncode != 0:
+        raise SystemExit(submitted.stderr[-3000:])
+    return submitted.stdout.strip()
+
+
+def _follow(
+    client: redis.Redis,
+    batch_id: str,
+    n: int,
+    procs: Workers | None,
+    prefix: str,
+    extra: dict[str, float],
+    at_quarter: Callable[[], float] | None,
+) -> dict[str, object]:
+    """Poll the batch until it ends and return its status. With `procs`, worker memory
+    at item 10, n/2 and the end goes into `extra` (keys `{prefix}rss10_…`); with
+    `at_quarter`, its result at item n/4 goes into `extra["loaded_s"]`."""
+    samples = {f"{prefix}rss10": 10, f"{prefix}rss_mid": n // 2}
+    while True:
+        status = _status(client, batch_id)
+        ended = int(status["done"]) + int(status["failed"])  # type: ignore[call-overload]
+        for key, item in samples.items():
+            if procs is not None and ended >= item and f"{key}_io_mb" not in extra:
+                extra.update({f"{key}_{k}_mb": v for k, v in procs.rss_mb().items()})
+        if at_quarter is not None and ended >= n // 4 and "loaded_s" not in extra:
+            extra["loaded_s"] = at_quarter()
+        if status["state"] != "running" and not status["running"]:
+            break
+        time.sleep(0.5)
+    if procs is not None:
+        extra.update({f"{prefix}rss_end_{k}_mb": v for k, v in procs.rss_mb().items()})
+    return status
 
 
 def _interactive(env: dict[str, str], question: str) -> float:
@@ -333,7 +367,7 @@ def embedded_run(web: Web, questions: list[Question], n: int, tmp: Path) -> Run:
     worker threads and batch concurrency)."""
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
     env = _env(web, run_dir / "q", inflight=None)
-    file = _questions_file(questions, n, run_dir / "q.jsonl")
+    file = _questions_file(questions[:n], run_dir / "q.jsonl")
     before = web.downloads()
     out = run_dir / "results.jsonl"
     done = _cli(env, "batch", "submit", str(file), "--name", "emb", "--wait", "--out", str(out))
@@ -411,20 +445,27 @@ def _rss_line(probe: dict[str, float], n: int) -> str:
         return f"{100 * (b / a - 1):+.0f} %" if a else "n/a"
 
     rows = [
-        f"| process | RSS MB at item 10 | at item {n // 2} | at item {n} | growth 10→{n} | "
+        f"| batch | process | MB at item 10 | at item {n // 2} | at item {n} | growth 10→{n} | "
         f"growth {n // 2}→{n} |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
-    roles = (("io", "largest search/fetch/embed process"), ("vec", "store/rank process"),
-             ("vec_anon", "store/rank process, anonymous memory only"))  # fmt: skip
-    for role, name in roles:
-        early = probe.get(f"rss10_{role}_mb", 0.0)
-        mid, late = probe.get(f"rss_mid_{role}_mb", 0.0), probe.get(f"rss_end_{role}_mb", 0.0)
-        rows.append(
-            f"| {name} | {early:.0f} | {mid:.0f} | {late:.0f} | {growth(early, late)} | "
-            f"{growth(mid, late)} |"
-        )
-    return "Worker RSS (target: growth ≤ +10 %):\n\n" + "\n".join(rows)
+    roles = (("io", "largest search/fetch/embed process, RSS"), ("vec", "store/rank process, RSS"),
+             ("vec_pss", "store/rank process, PSS"),
+             ("vec_anon", "store/rank process, anonymous memory"))  # fmt: skip
+    for prefix, batch in (("", "cold (index built)"), ("warm_", "warm (web indexed)")):
+        for role, name in roles:
+            early = probe.get(f"{prefix}rss10_{role}_mb", 0.0)
+            mid = probe.get(f"{prefix}rss_mid_{role}_mb", 0.0)
+            late = probe.get(f"{prefix}rss_end_{role}_mb", 0.0)
+            rows.append(
+                f"| {batch} | {name} | {early:.0f} | {mid:.0f} | {late:.0f} | "
+                f"{growth(early, late)} | {growth(mid, late)} |"
+            )
+    return (
+        f"Worker memory (target: growth ≤ +10 %). Cold: the {n}-question batch on cold caches, "
+        f"while the web's pages are indexed; warm: the next {n} questions on the same "
+        "workers.\n\n" + "\n".join(rows)
+    )
 
 
 def main() -> None:
