@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
 from tests.factories import make_page, make_scored, one_hot
@@ -131,6 +132,20 @@ def test_vectors_are_looked_up_only_as_far_as_the_picker_reads() -> None:
     # A lookup that finds nothing (points deleted meanwhile) skips the check only.
     assert len(rank_chunks(candidates, top_k=3, token_budget=1000,
                            vectors=lambda hits: [[] for _ in hits])) == 3  # fmt: skip
+
+
+def test_candidates_built_with_array_vectors_are_ranked() -> None:
+    # Benchmarks build candidates with model_construct and numpy vectors.
+    almost = [1.0, 0.01] + [0.0] * 62
+    candidates = [
+        ScoredChunk.model_construct(**{**c.__dict__, "vector": np.asarray(c.vector)})
+        for c in (
+            make_scored("Wording one.", score=0.9, url="https://a.example", vector=one_hot(0)),
+            make_scored("Wording two.", score=0.8, url="https://b.example", vector=almost),
+        )
+    ]
+    ranked = rank_chunks(candidates, top_k=10, token_budget=1000, vectors=lambda hits: [])
+    assert _texts(ranked) == ["Wording one."]
 
 
 def test_overlapping_windows_of_one_page_are_dropped() -> None:

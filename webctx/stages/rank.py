@@ -166,12 +166,12 @@ class _Vectors:
         self._found: dict[int, Sequence[float]] = {}
 
     def __call__(self, i: int) -> Sequence[float]:
-        vector = self._ordered[i].vector
-        if vector or self._lookup is None:
+        vector = self._ordered[i].vector  # a list, or an array from model_construct callers
+        if len(vector) or self._lookup is None:
             return vector
         if i not in self._found:
             window = [j for j in range(i, min(i + VECTOR_WINDOW, len(self._ordered)))
-                      if j not in self._found and not self._ordered[j].vector]  # fmt: skip
+                      if j not in self._found and not len(self._ordered[j].vector)]  # fmt: skip
             got = self._lookup([self._ordered[j] for j in window])
             self._found.update(zip(window, got, strict=True))
         return self._found[i]
