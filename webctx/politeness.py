@@ -1,9 +1,12 @@
 """How the fetcher treats the sites it visits: robots.txt, a pace per host, and a pause
 when a host answers 429 or 503.
 
-State is per process: one `Politeness` per fetcher, shared by its threads. Each worker
-process therefore paces a host on its own, so N fetch workers may together send up to N
-requests per `per_host_delay_s` to one host (a Redis-shared pacer would make it one).
+The pace and the pauses are kept per host either in the process (`HostPacer`, the
+embedded default: one process) or in Redis (`RedisHostPacer`, broker mode), where every
+fetch worker shares them: N workers together still start one request per
+`per_host_delay_s` to a host, and a 429 pauses the host for all of them. robots.txt rules
+are cached per process (they are read, not sent).
+
 robots.txt follows RFC 9309: 2xx is parsed, 4xx allows everything, 5xx (and 429) means
 "unreachable", hence disallow everything for a short while.
 """
@@ -16,6 +19,9 @@ import time
 import urllib.robotparser
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import redis
 
 from webctx.settings import FetchSettings
 
@@ -90,6 +96,16 @@ class _HostState:
     busy_count: int = 0
 
 
+class Pacer(Protocol):
+    """Spaces request starts to each host and pauses a host that said 429/503."""
+
+    def reserve(
+        self, host: str, *, delay_s: float | None = None, latest: float
+    ) -> float | None: ...
+    def busy(self, host: str, retry_after: float | None) -> float: ...
+    def ok(self, host: str) -> None: ...
+
+
 class HostPacer:
     """Spaces request starts to each host and pauses a host that said 429/503."""
 
@@ -131,6 +147,98 @@ class HostPacer:
                 state.busy_count = 0
 
 
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+# The keys outlive the pace and pause they hold by this much (ms), then expire.
+_KEEP_MS = 60_000
+
+# KEYS: host. ARGV: delay_ms, max_wait_ms, keep_ms. -> wait_ms, or -1 (too late: nothing
+# taken)
+_RESERVE = (
+    _NOW_MS
+    + """
+local nxt = tonumber(redis.call('HGET', KEYS[1], 'next') or '0')
+local busy = tonumber(redis.call('HGET', KEYS[1], 'busy_until') or '0')
+local start = math.max(now, nxt, busy)
+if start - now > tonumber(ARGV[2]) then return -1 end
+redis.call('HSET', KEYS[1], 'next', start + tonumber(ARGV[1]))
+redis.call('PEXPIREAT', KEYS[1], math.max(start + tonumber(ARGV[1]), busy) + tonumber(ARGV[3]))
+return start - now
+"""
+)
+
+# KEYS: host. ARGV: base_ms (the doubling's first pause), retry_after_ms (-1: none),
+# max_ms, keep_ms. -> the pause (ms)
+_BUSY = (
+    _NOW_MS
+    + """
+local count = redis.call('HINCRBY', KEYS[1], 'busy_count', 1)
+local pause = tonumber(ARGV[2])
+if pause < 0 then pause = tonumber(ARGV[1]) * 2 ^ math.min(count - 1, 30) end
+pause = math.floor(math.min(pause, tonumber(ARGV[3])))
+local busy = math.max(tonumber(redis.call('HGET', KEYS[1], 'busy_until') or '0'), now + pause)
+local nxt = tonumber(redis.call('HGET', KEYS[1], 'next') or '0')
+redis.call('HSET', KEYS[1], 'busy_until', busy)
+redis.call('PEXPIREAT', KEYS[1], math.max(busy, nxt) + tonumber(ARGV[4]))
+return pause
+"""
+)
+
+_OK = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'busy_count', 0) end
+"""
+
+
+class RedisHostPacer:
+    """`HostPacer` with its state in Redis, shared by every process that fetches: one
+    pace and one 429/503 pause per host for all of them (Redis's clock, Lua scripts)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        delay_s: float,
+        max_backoff_s: float,
+        clock: Clock = time.monotonic,
+        prefix: str = "webctx:pace",
+    ) -> None:
+        self._delay_s, self._max_backoff_s, self._clock = delay_s, max_backoff_s, clock
+        self._prefix = prefix
+        self._reserve = client.register_script(_RESERVE)
+        self._busy = client.register_script(_BUSY)
+        self._ok = client.register_script(_OK)
+
+    def _key(self, host: str) -> str:
+        return f"{self._prefix}:{host.lower()}"
+
+    def reserve(self, host: str, *, delay_s: float | None = None, latest: float) -> float | None:
+        """Seconds to wait before starting a request to `host`, the slot being taken;
+        None (nothing taken) if that start would fall after `latest` (a clock time)."""
+        delay_ms = _ms(max(self._delay_s, delay_s or 0.0))
+        max_wait_ms = _ms(max(0.0, latest - self._clock()))
+        args = [delay_ms, max_wait_ms, _KEEP_MS]
+        wait_ms = int(self._reserve(keys=[self._key(host)], args=args))
+        return None if wait_ms < 0 else wait_ms / 1000
+
+    def busy(self, host: str, retry_after: float | None) -> float:
+        """`host` answered 429/503: pause it for every process (Retry-After, else
+        doubling); returns the pause."""
+        base_ms = _ms(max(self._delay_s, 1.0))
+        after_ms = -1 if retry_after is None else _ms(retry_after)
+        args = [base_ms, after_ms, _ms(self._max_backoff_s), _KEEP_MS]
+        return int(self._busy(keys=[self._key(host)], args=args)) / 1000
+
+    def ok(self, host: str) -> None:
+        """`host` answered normally: the next 429 starts the doubling afresh."""
+        self._ok(keys=[self._key(host)])
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
 @dataclass
 class Politeness:
     """What a polite fetcher consults before each request (robots.txt, pace, pauses)."""
@@ -138,18 +246,25 @@ class Politeness:
     user_agent: str
     respect_robots: bool = True
     robots: RobotsCache = field(default_factory=lambda: RobotsCache(ttl_s=3600.0))
-    pacer: HostPacer = field(default_factory=lambda: HostPacer(delay_s=1.0, max_backoff_s=300.0))
+    pacer: Pacer = field(default_factory=lambda: HostPacer(delay_s=1.0, max_backoff_s=300.0))
 
     @classmethod
-    def from_settings(cls, settings: FetchSettings) -> Politeness:
-        """The politeness `settings` describe."""
+    def from_settings(
+        cls, settings: FetchSettings, *, shared: redis.Redis | None = None
+    ) -> Politeness:
+        """The politeness `settings` describe; paced through Redis when `shared` is a
+        client of the Redis every fetch worker uses."""
+        delay, backoff = settings.per_host_delay_s, settings.max_backoff_s
+        pacer: Pacer = (
+            RedisHostPacer(shared, delay_s=delay, max_backoff_s=backoff)
+            if shared is not None
+            else HostPacer(delay_s=delay, max_backoff_s=backoff)
+        )
         return cls(
             user_agent=settings.user_agent,
             respect_robots=settings.respect_robots,
             robots=RobotsCache(ttl_s=settings.robots_ttl_s),
-            pacer=HostPacer(
-                delay_s=settings.per_host_delay_s, max_backoff_s=settings.max_backoff_s
-            ),
+            pacer=pacer,
         )
 
 

@@ -136,7 +136,10 @@ def build_fetcher(settings: Settings) -> ConditionalFetcher:
         allow_private=settings.allow_private_networks,
         allowed_networks=settings.allowed_networks,
     )
-    politeness = Politeness.from_settings(settings.fetch)  # per process: robots, pace, pauses
+    # Pace and 429 pauses in the state Redis, shared by every fetch worker; the embedded
+    # default (one process, an in-process Redis) keeps them in the process.
+    shared = state_client(settings) if settings.state_url() else None
+    politeness = Politeness.from_settings(settings.fetch, shared=shared)
     return HttpxFetcher(settings.fetch, policy=policy, politeness=politeness)
 
 

@@ -389,6 +389,8 @@ def _download(deps: Deps, job_id: str, url_id: str, url: str, cache: PageCache) 
         _fail(deps, job_id, url_id, url, stage, exc)
         cache.remember_failure(url, RememberedFailure(stage, exc.reason, str(exc)))
         return None
+    except redis.RedisError:
+        raise  # the job store or the shared pacer is down, not the page: redelivered later
     except Exception as exc:  # a bug on an odd page must settle it, not stall the job
         logger.exception("fetch failed", extra={"job_id": job_id, "url": url})
         _fail(deps, job_id, url_id, url, "fetch", exc)

@@ -7,8 +7,10 @@ import collections
 import ipaddress
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 
 from webctx.adapters.httpx_fetcher import HttpxFetcher
 from webctx.devweb.server import LoopbackServer
@@ -18,6 +20,7 @@ from webctx.netguard import AddressPolicy
 from webctx.politeness import (
     HostPacer,
     Politeness,
+    RedisHostPacer,
     RobotsCache,
     parse_retry_after,
     robots_rules,
@@ -180,3 +183,62 @@ def test_429_pauses_that_host_only(site: tuple[LoopbackServer, collections.Count
     assert time.monotonic() - started < 0.5
     assert hits["/public"] == 0
     assert fetcher.fetch(f"http://calm.test:{port}/public").status == 200
+
+
+# -- shared through Redis (the machine's Redis: the pacer is Lua) ----------------------------
+def shared_pacers(client: redis.Redis, n: int, *, delay_s: float = 0.5) -> list[RedisHostPacer]:
+    """`n` pacers on one Redis: what `n` fetch worker processes hold."""
+    return [RedisHostPacer(client, delay_s=delay_s, max_backoff_s=30) for _ in range(n)]
+
+
+def test_processes_sharing_redis_share_one_pace_per_host(redis_client: redis.Redis) -> None:
+    one, two = shared_pacers(redis_client, 2)
+    later = time.monotonic() + 10
+    assert one.reserve("a.test", latest=later) == 0
+    assert two.reserve("A.test", latest=later) == pytest.approx(0.5, abs=0.05)  # same host
+    assert one.reserve("a.test", latest=later) == pytest.approx(1.0, abs=0.05)
+    assert two.reserve("a.test", delay_s=3.0, latest=later) == pytest.approx(1.5, abs=0.05)
+    assert two.reserve("b.test", latest=later) == 0  # other hosts unaffected
+    # A start past the deadline takes no slot: the next one is still 1.5 + 3 s away.
+    assert one.reserve("a.test", latest=time.monotonic() + 1) is None
+    assert one.reserve("a.test", latest=later) == pytest.approx(4.5, abs=0.05)
+    # The state expires once its pace has passed (plus a minute).
+    ttl = redis_client.pttl("webctx:pace:a.test")
+    assert 60_000 < ttl <= 66_000
+
+
+def test_a_host_paused_by_one_process_is_paused_for_all(redis_client: redis.Redis) -> None:
+    one, two = shared_pacers(redis_client, 2, delay_s=0.0)
+    assert one.busy("a.test", 7.0) == 7.0
+    assert two.reserve("a.test", latest=time.monotonic() + 100) == pytest.approx(7.0, abs=0.05)
+    assert two.reserve("b.test", latest=time.monotonic() + 100) == 0
+    # Without Retry-After the pause doubles, whichever process saw the 429.
+    assert [one.busy("c.test", None), two.busy("c.test", None), one.busy("c.test", None)] == [
+        1.0, 2.0, 4.0]  # fmt: skip
+    two.ok("c.test")
+    assert one.busy("c.test", None) == 1.0
+    assert one.busy("d.test", 10_000) == 30  # capped
+    two.ok("e.test")  # a host never seen: nothing is stored
+    assert redis_client.exists("webctx:pace:e.test") == 0
+
+
+def test_fetchers_of_two_processes_pace_one_host_together(
+    site: tuple[LoopbackServer, collections.Counter[str]], redis_client: redis.Redis
+) -> None:
+    server, hits = site
+    settings = SETTINGS.model_copy(update={"per_host_delay_s": 0.4, "total_timeout_s": 5.0,
+                                           "respect_robots": False})  # fmt: skip
+    policy = AddressPolicy(allowed_networks=["127.0.0.1/32"])
+    fetchers = [
+        HttpxFetcher(settings, policy=policy, resolver=loopback,
+                     politeness=Politeness.from_settings(settings, shared=redis_client))
+        for _ in range(2)
+    ]  # fmt: skip
+    started = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda i: fetchers[i % 2].fetch(f"{server.url}/public"), range(4)))
+    elapsed = time.monotonic() - started
+    assert [d.status for d in done] == [200] * 4 and hits["/public"] == 4
+    # Four starts 0.4 s apart, whichever fetcher made them: at least 1.2 s (each fetcher
+    # pacing alone would have needed 0.4 s).
+    assert 1.15 <= elapsed < 3.0
