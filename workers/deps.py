@@ -126,8 +126,10 @@ def build_search(settings: Settings) -> SearchProvider:
     return DdgsSearch()
 
 
-def build_fetcher(settings: Settings) -> ConditionalFetcher:
-    """The httpx fetcher under the configured address policy."""
+def build_fetcher(settings: Settings, *, state: redis.Redis | None = None) -> ConditionalFetcher:
+    """The httpx fetcher under the configured address policy; with `state` (the job
+    store's Redis, in broker mode) its per-host pace and 429 pauses are kept there, shared
+    by every fetch worker. The embedded default (one process) keeps them in the process."""
     from webctx.adapters.httpx_fetcher import HttpxFetcher
     from webctx.netguard import AddressPolicy
     from webctx.politeness import Politeness
@@ -136,10 +138,7 @@ def build_fetcher(settings: Settings) -> ConditionalFetcher:
         allow_private=settings.allow_private_networks,
         allowed_networks=settings.allowed_networks,
     )
-    # Pace and 429 pauses in the state Redis, shared by every fetch worker; the embedded
-    # default (one process, an in-process Redis) keeps them in the process.
-    shared = state_client(settings) if settings.state_url() else None
-    politeness = Politeness.from_settings(settings.fetch, shared=shared)
+    politeness = Politeness.from_settings(settings.fetch, shared=state)
     return HttpxFetcher(settings.fetch, policy=policy, politeness=politeness)
 
 
@@ -225,11 +224,12 @@ def build_store(settings: Settings) -> VectorStore:
 
 def build_deps(settings: Settings) -> Deps:
     """Every collaborator for `settings`."""
+    state = state_client(settings)
     return Deps(
         settings=settings,
-        jobs=JobStore(state_client(settings), ttl_s=settings.job_ttl_s),
+        jobs=JobStore(state, ttl_s=settings.job_ttl_s),
         search=build_search(settings),
-        fetcher=build_fetcher(settings),
+        fetcher=build_fetcher(settings, state=state if settings.state_url() else None),
         embedder=build_embedder(settings),
         blobs=_bytes_client(settings),
         planner_model=settings.planner_model,

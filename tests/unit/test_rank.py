@@ -80,24 +80,24 @@ def test_same_text_on_several_sites_counts_once() -> None:
     assert [s.url for s in ranked] == ["https://a.example", "https://c.example"]
 
 
-def test_near_identical_vector_counts_as_duplicate() -> None:
+def _two_wordings_and_another() -> list[ScoredChunk]:
+    """Two wordings whose vectors are near-identical (cosine > 0.99), then another topic."""
     almost = [1.0, 0.01] + [0.0] * 62
-    candidates = [
+    return [
         make_scored("Wording one.", score=0.9, url="https://a.example", vector=one_hot(0)),
         make_scored("Wording two.", score=0.8, url="https://b.example", vector=almost),
         make_scored("Other topic.", score=0.7, url="https://c.example", vector=one_hot(1)),
     ]
+
+
+def test_near_identical_vector_counts_as_duplicate() -> None:
+    candidates = _two_wordings_and_another()
     ranked = rank_chunks(candidates, top_k=10, token_budget=1000, dedup_threshold=0.95)
     assert _texts(ranked) == ["Wording one.", "Other topic."]
 
 
 def test_candidates_searched_without_vectors_are_deduplicated_by_looked_up_ones() -> None:
-    almost = [1.0, 0.01] + [0.0] * 62
-    full = [
-        make_scored("Wording one.", score=0.9, url="https://a.example", vector=one_hot(0)),
-        make_scored("Wording two.", score=0.8, url="https://b.example", vector=almost),
-        make_scored("Other topic.", score=0.7, url="https://c.example", vector=one_hot(1)),
-    ]
+    full = _two_wordings_and_another()
     stored = {c.chunk.text: c.vector for c in full}
     bare = [c.model_copy(update={"vector": []}) for c in full]
     asked: list[list[str]] = []
@@ -136,16 +136,12 @@ def test_vectors_are_looked_up_only_as_far_as_the_picker_reads() -> None:
 
 def test_candidates_built_with_array_vectors_are_ranked() -> None:
     # Benchmarks build candidates with model_construct and numpy vectors.
-    almost = [1.0, 0.01] + [0.0] * 62
     candidates = [
         ScoredChunk.model_construct(**{**c.__dict__, "vector": np.asarray(c.vector)})
-        for c in (
-            make_scored("Wording one.", score=0.9, url="https://a.example", vector=one_hot(0)),
-            make_scored("Wording two.", score=0.8, url="https://b.example", vector=almost),
-        )
+        for c in _two_wordings_and_another()
     ]
     ranked = rank_chunks(candidates, top_k=10, token_budget=1000, vectors=lambda hits: [])
-    assert _texts(ranked) == ["Wording one."]
+    assert _texts(ranked) == ["Wording one.", "Other topic."]
 
 
 def test_overlapping_windows_of_one_page_are_dropped() -> None:
