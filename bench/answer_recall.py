@@ -20,6 +20,8 @@ embeddings for every system:
 - (b) BM25: BM25 of the question over the same 500-character chunks.
 - floor: webctx with the hashed embedder (lexical, no model).
 - ceiling: the answer anywhere in the extracted text of the job's pages.
+- engine (`--engine`): webctx with its points in the embedded engine (qdrant-edge) instead,
+  once with float32 and once with float16 vectors (WEBCTX_QDRANT_VECTOR_DATATYPE).
 - variants (`--variants`): other chunkings and ranking rules (bench/quality_baselines.py).
 
 Seeds draw disjoint samples: each from the questions earlier seeds left.
@@ -28,7 +30,7 @@ Citations: every bundle chunk must equal `page.text[start:end]` of its source an
 verbatim (whitespace-normalised) in the HTML as served.
 
     .venv/bin/python bench/answer_recall.py [--questions 200] [--seeds 0,1]
-        [--variants [NAME ...|all]] [--no-floor] [--write]
+        [--variants [NAME ...|all]] [--no-floor] [--engine] [--write]
 
 Vectors are cached in bench/out/ ($WEBCTX_BENCH_OUT to use another folder).
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +73,7 @@ from bench.quality_baselines import (  # noqa: E402
     token_chunker,
     variant_select,
 )
+from webctx.adapters.edge_store import EdgeVectorStore  # noqa: E402
 from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
 from webctx.adapters.httpx_fetcher import HttpxFetcher  # noqa: E402
 from webctx.adapters.memory_store import MemoryVectorStore  # noqa: E402
@@ -78,7 +82,7 @@ from webctx.adapters.searxng_search import SearxngSearch  # noqa: E402
 from webctx.errors import FetchError  # noqa: E402
 from webctx.models import Bundle, BundleStats, Failure, Page  # noqa: E402
 from webctx.netguard import AddressPolicy  # noqa: E402
-from webctx.ports import Embedder  # noqa: E402
+from webctx.ports import Embedder, VectorStore  # noqa: E402
 from webctx.research import index_page, retrieve_candidates  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings  # noqa: E402
 from webctx.stages.bundle import build_bundle, validate_offsets  # noqa: E402
@@ -149,9 +153,12 @@ def build_jobs(web: QAWeb, questions: Sequence[Question]) -> list[Job]:
     return jobs
 
 
-def index_pages(jobs: Sequence[Job], embedder: Embedder) -> MemoryVectorStore:
-    """Index every distinct page of the jobs once, as the embed task does (index_page)."""
-    store = MemoryVectorStore()
+def index_pages(
+    jobs: Sequence[Job], embedder: Embedder, store: VectorStore | None = None
+) -> VectorStore:
+    """Index every distinct page of the jobs once, as the embed task does (index_page), in
+    `store` (default: a new MemoryVectorStore)."""
+    store = MemoryVectorStore() if store is None else store
     pages = {p.content_sha256: p for j in jobs for p in j.pages}
     for page in pages.values():
         index_page(page, embedder=embedder, store=store, chunking=ChunkSettings(),
@@ -162,7 +169,7 @@ def index_pages(jobs: Sequence[Job], embedder: Embedder) -> MemoryVectorStore:
 def run_webctx(
     jobs: Sequence[Job],
     embedder: Embedder,
-    store: MemoryVectorStore,
+    store: VectorStore,
     tally: Tally,
     check: Callable[[Job, Bundle], None] | None,
 ) -> None:
@@ -376,12 +383,24 @@ def measure(
     clock.lap("baselines: chunk, embed")
     indexes: dict[tuple[int, int, bool], ChunkIndex] = {}
     hashed, hashed_store = HashEmbedder(), None
+    engines: dict[str, VectorStore] = {}
+    if args.engine:  # the same pages in the embedded engine, as each datatype stores them
+        for datatype in ("float32", "float16"):
+            path = Path(tempfile.mkdtemp(prefix="webctx-recall-")) / datatype
+            engines[f"webctx, qdrant-edge {datatype}"] = index_pages(
+                all_jobs, embedder, EdgeVectorStore(path, datatype=datatype))  # fmt: skip
+        clock.lap("webctx: store in qdrant-edge")
     for seed, run in runs.items():
         check = args.citations if seed == min(runs) else None
         run.rows["webctx"] = Tally()
         run_webctx(run.jobs, embedder, store, run.rows["webctx"], check)
         print(f"seed {seed} webctx: {_cells(run.rows['webctx'], len(run.jobs))}")  # noqa: T201
         clock.lap("webctx: rank, bundle")
+        for name, engine in engines.items():
+            run.rows[name] = Tally()
+            run_webctx(run.jobs, embedder, engine, run.rows[name], None)
+            print(f"seed {seed} {name}: {_cells(run.rows[name], len(run.jobs))}")  # noqa: T201
+            clock.lap("webctx on qdrant-edge: rank, bundle")
         dense, lexical = Tally(), Tally()
         run.rows["(a) 500-char chunks, cosine"] = dense
         run.rows["(b) 500-char chunks, BM25"] = lexical
@@ -448,6 +467,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*",
                         help="variants: none named = ranking ones; names; all")  # fmt: skip
     parser.add_argument("--no-floor", action="store_true", help="skip the hashed-embedder floor")
+    parser.add_argument("--engine", action="store_true",
+                        help="also webctx on qdrant-edge, float32 and float16")  # fmt: skip
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     loaded = load_qa(data_dir() / "qa")

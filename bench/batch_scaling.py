@@ -148,6 +148,7 @@ class Workers:
     """N search/fetch/embed worker processes and one store/rank process."""
 
     def __init__(self, env: dict[str, str], n: int, logdir: Path) -> None:
+        self.qdrant = env["WEBCTX_QDRANT_PATH"]
         specs = [(f"io{i}", "search,fetch,embed") for i in range(n)] + [("vec", "store,rank")]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = [logdir / f"{name}.log" for name, _ in specs]
@@ -180,22 +181,26 @@ class Workers:
 
     def rss_mb(self) -> dict[str, float]:
         """Resident memory by role: the largest search/fetch/embed process; the store/rank
-        one's RSS, its PSS (the engine maps its vector file twice, and RSS counts those
-        pages twice; PSS once), and its anonymous memory (heap; the file-backed rest is
-        the embedded engine's mapped storage, which the kernel can reclaim)."""
+        one's RSS, its PSS (a page mapped twice counts once), its anonymous memory (heap),
+        and the part of its RSS that is the embedded engine's mapped files, with the
+        write-ahead log's share of that apart (file-backed: the kernel can reclaim it)."""
         out = []
         for proc in self.procs:
             lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
             kb = {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines)
                   if k in ("VmRSS", "RssAnon")}  # fmt: skip
             out.append((kb["VmRSS"] / 1024, kb["RssAnon"] / 1024))
-        rollup = Path(f"/proc/{self.procs[-1].pid}/smaps_rollup").read_text()
+        vec = self.procs[-1].pid
+        rollup = Path(f"/proc/{vec}/smaps_rollup").read_text()
         pss = next(int(ln.split()[1]) for ln in rollup.splitlines() if ln.startswith("Pss:"))
+        engine, wal = _mapped_kb(vec, self.qdrant)
         return {
             "io": max(rss for rss, _ in out[:-1]),
             "vec": out[-1][0],
             "vec_pss": pss / 1024,
             "vec_anon": out[-1][1],
+            "vec_engine": engine / 1024,
+            "vec_wal": wal / 1024,
         }
 
     def cpu_s(self) -> dict[str, float]:
@@ -217,6 +222,21 @@ class Workers:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def _mapped_kb(pid: int, under: str) -> tuple[int, int]:
+    """Resident kB of process `pid`'s mappings of files under `under` (the engine's shards:
+    `<path>` and `<path>.sparse`), and of those in a `wal` folder."""
+    total = wal = 0
+    path = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):  # a mapping
+            path = head[5] if len(head) == 6 else ""
+        elif head and head[0] == "Rss:" and path.startswith(under):
+            total += int(head[1])
+            wal += int(head[1]) if "/wal/" in path else 0
+    return total, wal
 
 
 @dataclass
@@ -451,7 +471,9 @@ def _rss_line(probe: dict[str, float], n: int) -> str:
     ]
     roles = (("io", "largest search/fetch/embed process, RSS"), ("vec", "store/rank process, RSS"),
              ("vec_pss", "store/rank process, PSS"),
-             ("vec_anon", "store/rank process, anonymous memory"))  # fmt: skip
+             ("vec_anon", "store/rank process, anonymous memory"),
+             ("vec_engine", "store/rank process, engine's mapped files"),
+             ("vec_wal", "of which the engine's write-ahead log"))  # fmt: skip
     for prefix, batch in (("", "cold (index built)"), ("warm_", "warm (web indexed)")):
         for role, name in roles:
             early = probe.get(f"{prefix}rss10_{role}_mb", 0.0)

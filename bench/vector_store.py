@@ -1,5 +1,8 @@
 """Benchmark the embedded vector engines: qdrant-edge vs qdrant-client local mode (on disk).
 
+qdrant-edge runs twice, with float32 and with float16 vectors (WEBCTX_QDRANT_VECTOR_DATATYPE);
+the float16 run's top-10 hits are compared with float32's.
+
 Both run through webctx's own adapters (EdgeVectorStore, QdrantVectorStore) for ingest,
 reopen and the filtered search the rank stage does; the unfiltered search calls each engine
 directly (our VectorStore always filters). Each engine runs alone in a child process, so
@@ -42,7 +45,8 @@ from webctx.models import Chunk, StoredChunk  # noqa: E402
 from webctx.ports import VectorStore  # noqa: E402
 from webctx.stages.store import make_points  # noqa: E402
 
-ENGINES = {"edge": "qdrant-edge", "local": "qdrant-client local"}
+ENGINES = {"edge": "qdrant-edge", "edge16": "qdrant-edge float16", "local": "qdrant-client local"}
+AGREEMENT_QUERIES = 50  # filtered searches whose top 10 float16 and float32 must share
 MODEL = "bench-embedding"
 CHUNKS_PER_PAGE = 20
 CHUNK_CHARS = 1000  # ~256 tokens, WEBCTX_CHUNK__MAX_TOKENS
@@ -122,8 +126,8 @@ def peak_rss_mb() -> float:
 
 def open_store(engine: str, path: Path) -> tuple[VectorStore, Callable[[], None]]:
     """The adapter over a store at `path`, and how to close it."""
-    if engine == "edge":
-        edge = EdgeVectorStore(path)
+    if engine in ("edge", "edge16"):
+        edge = EdgeVectorStore(path, datatype="float16" if engine == "edge16" else "float32")
         return edge, edge.close
     client = QdrantClient(path=str(path))
     return QdrantVectorStore(client, collection="bench"), client.close
@@ -131,7 +135,7 @@ def open_store(engine: str, path: Path) -> tuple[VectorStore, Callable[[], None]
 
 def unfiltered_query(engine: str, store: Any) -> Callable[[list[float]], object]:
     """A top-10 search without filter, straight on the engine (the adapter always filters)."""
-    if engine == "edge":
+    if engine in ("edge", "edge16"):
         shard = store._shard  # the bench reaches in: webctx never searches unfiltered
         return lambda v: shard.query(
             qe.QueryRequest(
@@ -210,7 +214,13 @@ def search_numbers(
 
     filtered = latencies_ms(filtered_call, queries)
     assert min(hits) == 10, "a filtered search returned fewer than 10 hits"
-    return {"unfiltered": percentiles(unfiltered), "filtered": percentiles(filtered)}
+    top10 = [
+        [f"{h.chunk.content_sha256}:{h.chunk.index}"
+         for h in store.search(vectors[i], limit=10, content_sha256s=filters[i])]
+        for i in range(min(AGREEMENT_QUERIES, queries))
+    ]  # fmt: skip
+    return {"unfiltered": percentiles(unfiltered), "filtered": percentiles(filtered),
+            "top10": top10}  # fmt: skip
 
 
 # --- the parent: both engines, the table, the doc section -----------------------------------
@@ -238,33 +248,49 @@ def run_child(engine: str, args: argparse.Namespace, points: int, queries: int) 
     return result
 
 
-def table(edge: dict[str, Any], local: dict[str, Any]) -> str:
-    """The Markdown table; the last column is edge divided by local."""
+def table(edge: dict[str, Any], edge16: dict[str, Any], local: dict[str, Any]) -> str:
+    """The Markdown table; the ratio columns are edge / local and float16 / float32 edge."""
 
-    def row(name: str, a: float, b: float, ratio: bool = True) -> str:
-        return f"| {name} | {fmt(a)} | {fmt(b)} | {f'{a / b:.3g}' if ratio else ''} |"
-
-    def per_s(result: dict[str, Any]) -> float:
-        return float(result["points"] / result["ingest_s"])
+    def row(name: str, key: Callable[[dict[str, Any]], float], ratio: bool = True) -> str:
+        a, h, b = key(edge), key(edge16), key(local)
+        ratios = f"{a / b:.3g} | {h / a:.3g}" if ratio else " | "
+        return f"| {name} | {fmt(a)} | {fmt(h)} | {fmt(b)} | {ratios} |"
 
     lines = [
-        "| metric | qdrant-edge | qdrant-client local | edge/local |",
-        "|---|---:|---:|---:|",
-        row("points", edge["points"], local["points"], ratio=False),
-        row("ingest, points/s (higher is better)", per_s(edge), per_s(local)),
-        row("ingest total, s", edge["ingest_s"], local["ingest_s"]),
-        row("reopen (load + count), s", edge["reopen_s"], local["reopen_s"]),
+        "| metric | qdrant-edge | qdrant-edge float16 | qdrant-client local | edge/local "
+        "| float16/edge |",
+        "|---|---:|---:|---:|---:|---:|",
+        row("points", lambda r: r["points"], ratio=False),
+        row("ingest, points/s (higher is better)", lambda r: r["points"] / r["ingest_s"]),
+        row("ingest total, s", lambda r: r["ingest_s"]),
+        row("reopen (load + count), s", lambda r: r["reopen_s"]),
     ]
     for kind, label in (
         ("unfiltered", "top-10 unfiltered"),
         ("filtered", "top-10, 20-page filter"),
     ):
-        lines += [row(f"{label} {p}, ms", edge[kind][p], local[kind][p]) for p in ("p50", "p95")]
+        lines += [row(f"{label} {p}, ms", _pick(kind, p)) for p in ("p50", "p95")]
     lines += [
-        row("peak RSS delta, MB", edge["rss_delta_mb"], local["rss_delta_mb"]),
-        row("on disk, MB", edge["disk_mb"], local["disk_mb"]),
+        row("peak RSS delta, MB", lambda r: r["rss_delta_mb"]),
+        row("on disk, MB", lambda r: r["disk_mb"]),
     ]
     return "\n".join(lines)
+
+
+def _pick(kind: str, percentile: str) -> Callable[[dict[str, Any]], float]:
+    return lambda result: float(result[kind][percentile])
+
+
+def agreement(edge: dict[str, Any], edge16: dict[str, Any]) -> str:
+    """How many of float32's top-10 filtered hits float16 also returns."""
+    pairs = list(zip(edge["top10"], edge16["top10"], strict=True))
+    shared = sum(len(set(a) & set(b)) for a, b in pairs)
+    same_order = sum(a == b for a, b in pairs)
+    return (
+        f"Float16 against float32 on the first {len(pairs)} filtered searches: "
+        f"{shared}/{10 * len(pairs)} top-10 hits shared, {same_order}/{len(pairs)} lists in "
+        "the same order."
+    )
 
 
 def fmt(value: float) -> str:
@@ -313,7 +339,8 @@ def section(
         f" after {WARMUP} warm-up ones, returning payload and vectors; the filter is a"
         " `MatchAny` on content_sha256 of 20 random pages. Both stores on disk, ingest and"
         " filtered search through webctx's adapters, each engine alone in a child process;"
-        " RSS delta is peak RSS minus RSS before opening the store."
+        " RSS delta is peak RSS minus RSS before opening the store. qdrant-edge runs twice:"
+        " float32 vectors (the engine's default) and float16 (WEBCTX_QDRANT_VECTOR_DATATYPE)."
         f"{note}\n\n{body}\n{END}"
     )
 
@@ -342,9 +369,11 @@ def main() -> None:
         return
     LOAD_AT_START[:] = os.getloadavg()  # the machine may be shared: say how busy it was
     edge = run_child("edge", args, args.points, args.queries)
+    edge16 = run_child("edge16", args, args.points, args.queries)
     local_queries = min(args.queries, args.local_queries)
     local = run_child("local", args, args.local_points or args.points, local_queries)
-    text = section(table(edge, local), args, edge, local)
+    body = table(edge, edge16, local) + "\n\n" + agreement(edge, edge16) + "\n"
+    text = section(body, args, edge, local)
     print(text)
     if args.write:
         write_section(text)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from webctx.errors import FetchError
 from webctx.models import Download, ScoredChunk, SearchResult, StoredChunk
+
+VectorDatatype = Literal["float32", "float16"]
+"""How a store keeps dense vectors (WEBCTX_QDRANT_VECTOR_DATATYPE)."""
 
 
 @runtime_checkable

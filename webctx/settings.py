@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     qdrant_api_key: SecretStr | None = None
     qdrant_path: Path = Path(".webctx/qdrant")
     qdrant_collection: str = "webctx_chunks"
+    qdrant_vector_datatype: Literal["float32", "float16"] = "float32"
+    """How new collections and shards store dense vectors; float16 halves their memory and
+    disk. One that exists keeps the type it was created with."""
 
     allow_private_networks: bool = False
     allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)

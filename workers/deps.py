@@ -216,10 +216,11 @@ def build_store(settings: Settings) -> VectorStore:
 
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         client = QdrantClient(url=settings.qdrant_url, api_key=key, timeout=30)
-        return QdrantVectorStore(client, collection=settings.qdrant_collection)
+        return QdrantVectorStore(client, collection=settings.qdrant_collection,
+                                 datatype=settings.qdrant_vector_datatype)  # fmt: skip
     from webctx.adapters.edge_store import EdgeVectorStore
 
-    return EdgeVectorStore(settings.qdrant_path)
+    return EdgeVectorStore(settings.qdrant_path, datatype=settings.qdrant_vector_datatype)
 
 
 def build_deps(settings: Settings) -> Deps:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import socket
@@ -12,15 +13,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
-from qdrant_client import QdrantClient
+from qdrant_client import QdrantClient, models
 
 from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable
 from webctx.models import Chunk, StoredChunk
-from webctx.ports import VectorStore
+from webctx.ports import VectorDatatype, VectorStore
 from webctx.stages.store import make_points, point_id, store_chunks, vector_lookup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -289,6 +291,50 @@ os._exit(0)  # no flush, no close: the write-ahead log must carry the point
         assert store.count() == 1
 
 
+def _stored_vector(store: VectorStore, point: StoredChunk) -> np.ndarray:
+    return np.asarray(store.vectors([point.id])[point.id])
+
+
+@pytest.mark.parametrize("datatype", ["float32", "float16"])
+def test_edge_store_keeps_vectors_in_the_configured_datatype(
+    tmp_path: Path, datatype: VectorDatatype
+) -> None:
+    vector = unit([0.1, 0.2, 0.3, 0.4])
+    (point,) = page_points("a", [vector])
+    with EdgeVectorStore(tmp_path, datatype=datatype) as store:
+        store.upsert([point])
+        stored = _stored_vector(store, point)
+        hits = store.search([0.1, 0.2, 0.3, 0.4], limit=1, content_sha256s=[sha("a")])
+    # The engine keeps exactly the vector rounded to the type: float16 keeps ~3 digits.
+    expected = np.asarray(vector, dtype=np.dtype(datatype)).astype(np.float64)
+    assert stored.tolist() == pytest.approx(expected.tolist(), abs=1e-7)
+    assert (stored != np.asarray(vector, np.float32)).any() == (datatype == "float16")
+    assert hits[0].score == pytest.approx(1.0, abs=1e-3)
+
+
+def test_edge_store_reopened_keeps_the_datatype_it_was_created_with(tmp_path: Path) -> None:
+    vector = unit([0.1, 0.2, 0.3, 0.4])
+    (point,) = page_points("a", [vector])
+    with EdgeVectorStore(tmp_path, datatype="float32") as store:
+        store.upsert([point])
+    with EdgeVectorStore(tmp_path, datatype="float16") as store:
+        (second,) = page_points("b", [vector])
+        store.upsert([second])
+        # Both points float32: the setting shapes new shards, not existing ones.
+        assert _stored_vector(store, second).tolist() == pytest.approx(vector, abs=1e-7)
+        assert (_stored_vector(store, second) == np.asarray(vector, np.float32)).all()
+
+
+def test_qdrant_store_creates_its_collection_with_the_configured_datatype() -> None:
+    client = QdrantClient(":memory:")
+    store = QdrantVectorStore(client, collection="chunks", datatype="float16")
+    store.upsert(page_points("a", [[1.0, 0.0, 0.0]]))
+    params = client.get_collection("chunks").config.params.vectors
+    assert isinstance(params, models.VectorParams)
+    assert params.datatype == models.Datatype.FLOAT16
+    client.close()
+
+
 def test_edge_store_created_with_dimensions_refuses_other_sizes(tmp_path: Path) -> None:
     with EdgeVectorStore(tmp_path, dimensions=4) as store:
         assert store.count() == 0
@@ -338,3 +384,30 @@ def test_edge_store_refuses_use_in_a_forked_child(tmp_path: Path) -> None:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 3
         assert store.count() == 0  # the parent still works
+
+
+def test_datatype_setting_shapes_the_embedded_shard_build_store_creates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webctx.settings import Settings
+    from workers.deps import build_store
+
+    monkeypatch.setenv("WEBCTX_QDRANT_VECTOR_DATATYPE", "float16")
+    store = build_store(Settings(qdrant_path=tmp_path / "q"))
+    assert isinstance(store, EdgeVectorStore)
+    with store:
+        store.upsert(page_points("a", [[1.0, 0.0, 0.0]]))
+    config = json.loads((tmp_path / "q" / "edge_config.json").read_text())
+    assert config["vectors"][""]["datatype"] == "float16"
+
+
+def test_an_unknown_datatype_is_refused_naming_the_choices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pydantic import ValidationError
+
+    from webctx.settings import Settings
+
+    monkeypatch.setenv("WEBCTX_QDRANT_VECTOR_DATATYPE", "int8")
+    with pytest.raises(ValidationError, match="'float32' or 'float16'"):
+        Settings()

@@ -26,7 +26,7 @@ import qdrant_edge as qe
 from webctx.errors import ConfigError, ProviderError
 from webctx.generations import SITE_KEY, from_key, until_key
 from webctx.models import Chunk, ScoredChunk, StoredChunk
-from webctx.ports import IndexScope
+from webctx.ports import IndexScope, VectorDatatype
 from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
 
@@ -37,6 +37,8 @@ SPARSE_SUFFIX = ".sparse"
 shard's schema stays as it is (existing shards keep loading), and only the holder of
 `<path>`'s lock ever opens it."""
 LOCK_FILE = ".webctx.lock"
+_DATATYPES = {"float32": qe.VectorStorageDatatype.Float32,
+              "float16": qe.VectorStorageDatatype.Float16}  # fmt: skip
 _CONFIG_FILE = "edge_config.json"  # written by EdgeShard.create: its presence means "load"
 
 T = TypeVar("T")
@@ -90,8 +92,11 @@ def _dense(vector: object) -> list[float]:
 class EdgeVectorStore:
     """Points in a qdrant-edge shard at `path`, cosine distance, content_sha256 indexed."""
 
-    def __init__(self, path: Path, *, dimensions: int | None = None) -> None:
+    def __init__(
+        self, path: Path, *, dimensions: int | None = None, datatype: VectorDatatype = "float32"
+    ) -> None:
         self.path = path
+        self._datatype = _DATATYPES[datatype]
         path.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock_directory(path)
         self._pid = os.getpid()
@@ -363,7 +368,9 @@ class EdgeVectorStore:
             return shard
 
     def _create(self, dimensions: int) -> qe.EdgeShard:
-        params = qe.EdgeVectorParams(size=dimensions, distance=qe.Distance.Cosine)
+        params = qe.EdgeVectorParams(
+            size=dimensions, distance=qe.Distance.Cosine, datatype=self._datatype
+        )
         config = qe.EdgeConfig(vectors=params)
         return self._open(_engine(lambda: qe.EdgeShard.create(str(self.path), config)))
 

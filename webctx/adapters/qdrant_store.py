@@ -19,7 +19,7 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 from webctx.errors import ProviderError, ProviderUnavailable
 from webctx.generations import SITE_KEY, from_key, until_key
 from webctx.models import Chunk, ScoredChunk, StoredChunk
-from webctx.ports import IndexScope
+from webctx.ports import IndexScope, VectorDatatype
 from webctx.sparse import document_vector, query_vector
 from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
 
@@ -81,9 +81,12 @@ def _dense(vector: object) -> list[float]:
 class QdrantVectorStore:
     """Points in one Qdrant collection, cosine distance, content_sha256 indexed."""
 
-    def __init__(self, client: QdrantClient, *, collection: str) -> None:
+    def __init__(
+        self, client: QdrantClient, *, collection: str, datatype: VectorDatatype = "float32"
+    ) -> None:
         self.client = client
         self.collection = collection
+        self._datatype = models.Datatype.FLOAT16 if datatype == "float16" else None
         self._ready = False  # the collection is known to exist
         self._sparse_ready = False
         self._guard = threading.Lock()
@@ -372,7 +375,9 @@ class QdrantVectorStore:
                 self._ready = True
 
     def _create_collection(self, dimensions: int) -> None:
-        config = models.VectorParams(size=dimensions, distance=models.Distance.COSINE)
+        config = models.VectorParams(
+            size=dimensions, distance=models.Distance.COSINE, datatype=self._datatype
+        )
         try:
             _client(lambda: self.client.create_collection(self.collection, vectors_config=config))
         except ProviderError:
