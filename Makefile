@@ -40,4 +40,4 @@ bench-batch: install
 # bulk of the run); vectors are cached in bench/out/, so later runs skip that.
 bench-quality: install
 	$(PY) bench/extraction.py --variants --repeat 2 --write
-	$(PY) bench/answer_recall.py --variants --write
+	$(PY) bench/answer_recall.py --variants --engine --write

@@ -386,19 +386,23 @@ def test_edge_store_refuses_use_in_a_forked_child(tmp_path: Path) -> None:
         assert store.count() == 0  # the parent still works
 
 
+@pytest.mark.parametrize(("env", "stored"), [(None, "float16"), ("float32", "float32")])
 def test_datatype_setting_shapes_the_embedded_shard_build_store_creates(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str | None, stored: str
 ) -> None:
     from webctx.settings import Settings
     from workers.deps import build_store
 
-    monkeypatch.setenv("WEBCTX_QDRANT_VECTOR_DATATYPE", "float16")
+    if env is None:
+        monkeypatch.delenv("WEBCTX_QDRANT_VECTOR_DATATYPE", raising=False)
+    else:
+        monkeypatch.setenv("WEBCTX_QDRANT_VECTOR_DATATYPE", env)
     store = build_store(Settings(qdrant_path=tmp_path / "q"))
     assert isinstance(store, EdgeVectorStore)
     with store:
         store.upsert(page_points("a", [[1.0, 0.0, 0.0]]))
     config = json.loads((tmp_path / "q" / "edge_config.json").read_text())
-    assert config["vectors"][""]["datatype"] == "float16"
+    assert config["vectors"][""]["datatype"] == stored
 
 
 def test_an_unknown_datatype_is_refused_naming_the_choices(
