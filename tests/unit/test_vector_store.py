@@ -274,21 +274,27 @@ def test_edge_store_keeps_points_across_close_and_reopen(tmp_path: Path) -> None
             store.upsert(page_points("b", [[1.0, 0.0]]))
 
 
-def test_edge_store_keeps_points_after_a_crash_without_close(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flush_interval_s", ["0", "inf"])
+def test_edge_store_keeps_points_after_a_crash_without_close(
+    tmp_path: Path, flush_interval_s: str
+) -> None:
+    # "0": the first point is flushed into the segments, the second only in the log.
     crash = """
 import os, sys
 from pathlib import Path
 from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.stages.store import make_points
 from webctx.models import Chunk
-chunk = Chunk(content_sha256="ab", index=0, start=0, end=1, text="x", tokens=1)
-store = EdgeVectorStore(Path(sys.argv[1]))
-store.upsert(make_points([chunk], [[1.0, 0.0]], url="https://x.test/", model="m"))
-os._exit(0)  # no flush, no close: the write-ahead log must carry the point
+store = EdgeVectorStore(Path(sys.argv[1]), flush_interval_s=float(sys.argv[2]))
+for i in range(2):
+    chunk = Chunk(content_sha256="ab", index=i, start=i, end=i + 1, text="x", tokens=1)
+    store.upsert(make_points([chunk], [[1.0, 0.0]], url="https://x.test/", model="m"))
+    store._flush_interval_s = float("inf")
+os._exit(0)  # no close: the write-ahead log must carry what no flush wrote
 """
-    assert run_child(crash, str(tmp_path)).returncode == 0
+    assert run_child(crash, str(tmp_path), flush_interval_s).returncode == 0
     with EdgeVectorStore(tmp_path) as store:
-        assert store.count() == 1
+        assert store.count() == 2
 
 
 def _stored_vector(store: VectorStore, point: StoredChunk) -> np.ndarray:
@@ -333,6 +339,31 @@ def test_qdrant_store_creates_its_collection_with_the_configured_datatype() -> N
     assert isinstance(params, models.VectorParams)
     assert params.datatype == models.Datatype.FLOAT16
     client.close()
+
+
+def _fill_write_ahead_log(store: EdgeVectorStore, megabytes: int) -> None:
+    """Upsert points whose payloads add up to `megabytes` (the log holds each one)."""
+    text = "x" * 8000
+    per_page = 100
+    for page in range(megabytes * 2**20 // (len(text) * per_page) + 1):
+        chunks = [Chunk(content_sha256=sha(f"p{page}"), index=i, start=i, end=i + len(text),
+                        text=text, tokens=1) for i in range(per_page)]  # fmt: skip
+        store.upsert(make_points(chunks, [[1.0, float(i)] for i in range(per_page)],
+                                 url="https://a.test/", model=MODEL))  # fmt: skip
+
+
+@pytest.mark.parametrize("flushing", [True, False])
+def test_edge_store_write_ahead_log_stays_bounded_in_a_long_lived_store(
+    tmp_path: Path, flushing: bool
+) -> None:
+    # The engine's log rolls over to a new 32 MB segment when one fills; a flush lets it
+    # drop the closed ones. 100 MB of updates fill three segments.
+    interval = 0.0 if flushing else float("inf")
+    with EdgeVectorStore(tmp_path, flush_interval_s=interval) as store:
+        _fill_write_ahead_log(store, 100)
+        closed = [f.name for f in (tmp_path / "wal").iterdir() if f.name.startswith("closed-")]
+        assert (len(closed) <= 1) == flushing, closed
+        assert store.count() > 12_000
 
 
 def test_edge_store_created_with_dimensions_refuses_other_sizes(tmp_path: Path) -> None:

@@ -8,7 +8,10 @@ would fail later with "Can't init WAL: Kind(WouldBlock)").
 Open it in the process that uses it, after any fork (Celery: worker_process_init). The engine
 is safe to call from many threads: it synchronises internally, and holds the GIL while it
 works, so calls do not run in parallel; a lock guards only creation and close. Updates go
-through the shard's write-ahead log, so they survive a crash without flush().
+through the shard's write-ahead log, so they survive a crash without flush(). The log keeps
+every update until the next flush, so writes flush at most every `flush_interval_s`: without
+that its files grow with everything the process ever stored (2 KB per 384-dim point), and a
+restart after a crash replays all of it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import fcntl
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -37,6 +41,8 @@ SPARSE_SUFFIX = ".sparse"
 shard's schema stays as it is (existing shards keep loading), and only the holder of
 `<path>`'s lock ever opens it."""
 LOCK_FILE = ".webctx.lock"
+FLUSH_INTERVAL_S = 5.0
+"""Qdrant's own default flush interval."""
 _DATATYPES = {"float32": qe.VectorStorageDatatype.Float32,
               "float16": qe.VectorStorageDatatype.Float16}  # fmt: skip
 _CONFIG_FILE = "edge_config.json"  # written by EdgeShard.create: its presence means "load"
@@ -93,10 +99,18 @@ class EdgeVectorStore:
     """Points in a qdrant-edge shard at `path`, cosine distance, content_sha256 indexed."""
 
     def __init__(
-        self, path: Path, *, dimensions: int | None = None, datatype: VectorDatatype = "float32"
+        self,
+        path: Path,
+        *,
+        dimensions: int | None = None,
+        datatype: VectorDatatype = "float32",
+        flush_interval_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         self.path = path
         self._datatype = _DATATYPES[datatype]
+        self._flush_interval_s = flush_interval_s
+        self._flushed_at = time.monotonic()
+        self._flushing = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock_directory(path)
         self._pid = os.getpid()
@@ -119,6 +133,7 @@ class EdgeVectorStore:
             return
         shard = self._current() or self._create_once(len(points[0].vector))
         _keep_marks_upsert(shard, [(p.id, list(p.vector), point_payload(p)) for p in points])
+        self._wrote()
 
     def search(
         self,
@@ -207,6 +222,7 @@ class EdgeVectorStore:
         for shard in (self._current(), self._sparse_shard(create=False)):
             if shard is not None:
                 _engine(functools.partial(shard.update, delete))
+        self._wrote()
 
     def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
         """Index the points' chunk texts as BM25 sparse vectors, under the same ids."""
@@ -220,6 +236,7 @@ class EdgeVectorStore:
             batch.append((p.id, {SPARSE: qe.SparseVector(sv.indices, sv.values)},
                           point_payload(p)))  # fmt: skip
         _keep_marks_upsert(shard, batch)
+        self._wrote()
 
     def search_sparse(
         self, text: str, *, limit: int, content_sha256s: Sequence[str]
@@ -293,6 +310,22 @@ class EdgeVectorStore:
         for shard in shards:
             for op in _mark_operations(tenant_key, generation, live, dead):
                 _engine(functools.partial(shard.update, op))
+        self._wrote()
+
+    def _wrote(self) -> None:
+        """Flush both shards when the last flush is `flush_interval_s` old; one thread
+        flushes while the others go on (the log holds their writes meanwhile)."""
+        if time.monotonic() - self._flushed_at < self._flush_interval_s:
+            return
+        if not self._flushing.acquire(blocking=False):
+            return
+        try:
+            for shard in (self._current(), self._sparse_shard(create=False)):
+                if shard is not None:
+                    _engine(shard.flush)
+            self._flushed_at = time.monotonic()
+        finally:
+            self._flushing.release()
 
     def optimize(self) -> bool:
         """Run the engine's optimizers (HNSW for segments past the indexing threshold).
