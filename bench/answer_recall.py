@@ -383,41 +383,44 @@ def measure(
     clock.lap("baselines: chunk, embed")
     indexes: dict[tuple[int, int, bool], ChunkIndex] = {}
     hashed, hashed_store = HashEmbedder(), None
-    engines: dict[str, VectorStore] = {}
-    if args.engine:  # the same pages in the embedded engine, as each datatype stores them
-        for datatype in ("float32", "float16"):
-            path = Path(tempfile.mkdtemp(prefix="webctx-recall-")) / datatype
-            engines[f"webctx, qdrant-edge {datatype}"] = index_pages(
-                all_jobs, embedder, EdgeVectorStore(path, datatype=datatype))  # fmt: skip
-        clock.lap("webctx: store in qdrant-edge")
-    for seed, run in runs.items():
-        check = args.citations if seed == min(runs) else None
-        run.rows["webctx"] = Tally()
-        run_webctx(run.jobs, embedder, store, run.rows["webctx"], check)
-        print(f"seed {seed} webctx: {_cells(run.rows['webctx'], len(run.jobs))}")  # noqa: T201
-        clock.lap("webctx: rank, bundle")
-        for name, engine in engines.items():
-            run.rows[name] = Tally()
-            run_webctx(run.jobs, embedder, engine, run.rows[name], None)
-            print(f"seed {seed} {name}: {_cells(run.rows[name], len(run.jobs))}")  # noqa: T201
-            clock.lap("webctx on qdrant-edge: rank, bundle")
-        dense, lexical = Tally(), Tally()
-        run.rows["(a) 500-char chunks, cosine"] = dense
-        run.rows["(b) 500-char chunks, BM25"] = lexical
-        run_baselines(run.jobs, fixed, dense, lexical)
-        clock.lap("baselines: rank")
-        if not args.no_floor:
-            if hashed_store is None:
-                hashed_store = index_pages(all_jobs, hashed)
-            floor = run.rows["floor: webctx, hashed embedder"] = Tally()
-            run_webctx(run.jobs, hashed, hashed_store, floor, None)
-            clock.lap("floor")
-        if args.variants is not None:
-            names = (list(RANKING_VARIANTS) if args.variants == [] else
-                     list(VARIANTS) if args.variants == ["all"] else args.variants)  # fmt: skip
-            print(f"seed {seed} variants:", flush=True)  # noqa: T201
-            run.variants = run_variants(run.jobs, embedder, names, indexes)
-            clock.lap("variants")
+    with tempfile.TemporaryDirectory(prefix="webctx-recall-") as scratch:
+        engines: dict[str, EdgeVectorStore] = {}
+        if args.engine:  # the same pages in the embedded engine, as each datatype stores them
+            for datatype in ("float32", "float16"):
+                edge = EdgeVectorStore(Path(scratch) / datatype, datatype=datatype)
+                engines[f"webctx, qdrant-edge {datatype}"] = edge
+                index_pages(all_jobs, embedder, edge)
+            clock.lap("webctx: store in qdrant-edge")
+        for seed, run in runs.items():
+            check = args.citations if seed == min(runs) else None
+            run.rows["webctx"] = Tally()
+            run_webctx(run.jobs, embedder, store, run.rows["webctx"], check)
+            print(f"seed {seed} webctx: {_cells(run.rows['webctx'], len(run.jobs))}")  # noqa: T201
+            clock.lap("webctx: rank, bundle")
+            for name, engine in engines.items():
+                run.rows[name] = Tally()
+                run_webctx(run.jobs, embedder, engine, run.rows[name], None)
+                print(f"seed {seed} {name}: {_cells(run.rows[name], len(run.jobs))}")  # noqa: T201
+                clock.lap("webctx on qdrant-edge: rank, bundle")
+            dense, lexical = Tally(), Tally()
+            run.rows["(a) 500-char chunks, cosine"] = dense
+            run.rows["(b) 500-char chunks, BM25"] = lexical
+            run_baselines(run.jobs, fixed, dense, lexical)
+            clock.lap("baselines: rank")
+            if not args.no_floor:
+                if hashed_store is None:
+                    hashed_store = index_pages(all_jobs, hashed)
+                floor = run.rows["floor: webctx, hashed embedder"] = Tally()
+                run_webctx(run.jobs, hashed, hashed_store, floor, None)
+                clock.lap("floor")
+            if args.variants is not None:
+                names = (list(RANKING_VARIANTS) if args.variants == [] else
+                         list(VARIANTS) if args.variants == ["all"] else args.variants)  # fmt: skip
+                print(f"seed {seed} variants:", flush=True)  # noqa: T201
+                run.variants = run_variants(run.jobs, embedder, names, indexes)
+                clock.lap("variants")
+        for edge in engines.values():
+            edge.close()
     return runs
 
 

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from webctx.ports import VectorDatatype
+
 
 class FetchSettings(BaseModel):
     """Limits of the page fetcher (WEBCTX_FETCH__<NAME>)."""
@@ -132,7 +134,7 @@ class Settings(BaseSettings):
     qdrant_api_key: SecretStr | None = None
     qdrant_path: Path = Path(".webctx/qdrant")
     qdrant_collection: str = "webctx_chunks"
-    qdrant_vector_datatype: Literal["float32", "float16"] = "float16"
+    qdrant_vector_datatype: VectorDatatype = "float16"
     """How new collections and shards store dense vectors: float16 takes half the memory
     and disk of float32, with the same answer recall (docs/benchmarks.md). One that exists
     keeps the type it was created with."""

@@ -313,14 +313,14 @@ class EdgeVectorStore:
         self._wrote()
 
     def _wrote(self) -> None:
-        """Flush both shards when the last flush is `flush_interval_s` old; one thread
+        """Flush the open shards when the last flush is `flush_interval_s` old; one thread
         flushes while the others go on (the log holds their writes meanwhile)."""
         if time.monotonic() - self._flushed_at < self._flush_interval_s:
             return
         if not self._flushing.acquire(blocking=False):
             return
         try:
-            for shard in (self._current(), self._sparse_shard(create=False)):
+            for shard in (self._current(), self._sparse):  # one never opened has no writes
                 if shard is not None:
                     _engine(shard.flush)
             self._flushed_at = time.monotonic()
