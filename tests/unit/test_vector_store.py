@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import qdrant_edge as qe
 from qdrant_client import QdrantClient, models
 
 from webctx.adapters.edge_store import EdgeVectorStore
@@ -22,7 +24,7 @@ from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable
 from webctx.models import Chunk, StoredChunk
-from webctx.ports import VectorDatatype, VectorStore
+from webctx.ports import IndexScope, VectorDatatype, VectorStore
 from webctx.stages.store import make_points, point_id, store_chunks, vector_lookup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,27 +276,66 @@ def test_edge_store_keeps_points_across_close_and_reopen(tmp_path: Path) -> None
             store.upsert(page_points("b", [[1.0, 0.0]]))
 
 
-@pytest.mark.parametrize("flush_interval_s", ["0", "inf"])
-def test_edge_store_keeps_points_after_a_crash_without_close(
-    tmp_path: Path, flush_interval_s: str
-) -> None:
-    # "0": the first point is flushed into the segments, the second only in the log.
-    crash = """
-import os, sys
+WRITE_THEN_DIE = """
+import os, signal, sys
 from pathlib import Path
 from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.stages.store import make_points
 from webctx.models import Chunk
 store = EdgeVectorStore(Path(sys.argv[1]), flush_interval_s=float(sys.argv[2]))
-for i in range(2):
-    chunk = Chunk(content_sha256="ab", index=i, start=i, end=i + 1, text="x", tokens=1)
-    store.upsert(make_points([chunk], [[1.0, 0.0]], url="https://x.test/", model="m"))
-    store._flush_interval_s = float("inf")
-os._exit(0)  # no close: the write-ahead log must carry what no flush wrote
+def page(name):
+    chunk = Chunk(content_sha256=name * 32, index=0, start=0, end=5, text=f"{name} text",
+                  tokens=2)
+    return make_points([chunk], [[1.0, 0.0]], url=f"https://{name}.test/", model="m")
+store.upsert(page("ab"))
+store._flush_interval_s = float("inf")  # "0": flushed above, the rest only in a log
+store.upsert(page("cd"))
+store.upsert_sparse(page("ab") + page("cd"))
+store.mark_pages(tenant_key="t", generation=1, live={"ab" * 32: "ab.test"}, dead=[])
+store.delete_pages(["cd" * 32])
+store.upsert(page("ef"))
+os.kill(os.getpid(), signal.SIGKILL)  # no close, no flush at exit
 """
-    assert run_child(crash, str(tmp_path), flush_interval_s).returncode == 0
-    with EdgeVectorStore(tmp_path) as store:
+
+
+def _create_logged_shard(path: Path) -> None:
+    """A shard as webctx created them before it turned the engine's write-ahead log off."""
+    params = qe.EdgeVectorParams(size=2, distance=qe.Distance.Cosine)
+    qe.EdgeShard.create(str(path), qe.EdgeConfig(vectors=params)).close()
+    sparse = {"bm25": qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)}
+    sparse_path = path.with_name(path.name + ".sparse")
+    qe.EdgeShard.create(str(sparse_path), qe.EdgeConfig(sparse_vectors=sparse)).close()
+
+
+@pytest.mark.parametrize(
+    ("shard", "flush_interval_s"), [("new", "inf"), ("logged", "0"), ("logged", "inf")]
+)
+def test_edge_store_keeps_every_returned_write_after_a_crash(
+    tmp_path: Path, shard: str, flush_interval_s: str
+) -> None:
+    # A new shard has no log: each write must be flushed before it returns. A shard created
+    # with a log must replay from it what no flush wrote.
+    path = tmp_path / "chunks"
+    if shard == "logged":
+        _create_logged_shard(path)
+    died = run_child(WRITE_THEN_DIE, str(path), flush_interval_s)
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    assert (path / "wal").exists() == (shard == "logged")
+    with EdgeVectorStore(path) as store:
         assert store.count() == 2
+        kept = [p.id for p in _named_page("ab") + _named_page("ef")]
+        assert set(store.retrieve(kept)) == set(kept)
+        assert store.search_sparse("cd text", limit=5, content_sha256s=["cd" * 32]) == []
+        ab = store.search_sparse("ab text", limit=5, content_sha256s=["ab" * 32])
+        assert [hit.chunk.text for hit in ab] == ["ab text"]
+        live = store.search_live([1.0, 0.0], limit=5, scope=IndexScope("t", generation=1))
+        assert [hit.chunk.text for hit in live] == ["ab text"]
+
+
+def _named_page(name: str) -> list[StoredChunk]:
+    chunk = Chunk(content_sha256=name * 32, index=0, start=0, end=5, text=f"{name} text",
+                  tokens=2)  # fmt: skip
+    return make_points([chunk], [[1.0, 0.0]], url=f"https://{name}.test/", model="m")
 
 
 def _stored_vector(store: VectorStore, point: StoredChunk) -> np.ndarray:
@@ -358,12 +399,24 @@ def test_edge_store_write_ahead_log_stays_bounded_in_a_long_lived_store(
 ) -> None:
     # The engine's log rolls over to a new 32 MB segment when one fills; a flush lets it
     # drop the closed ones. 100 MB of updates fill three segments.
+    _create_logged_shard(tmp_path / "chunks")
     interval = 0.0 if flushing else float("inf")
-    with EdgeVectorStore(tmp_path, flush_interval_s=interval) as store:
+    with EdgeVectorStore(tmp_path / "chunks", flush_interval_s=interval) as store:
         _fill_write_ahead_log(store, 100)
-        closed = [f.name for f in (tmp_path / "wal").iterdir() if f.name.startswith("closed-")]
+        wal = tmp_path / "chunks" / "wal"
+        closed = [f.name for f in wal.iterdir() if f.name.startswith("closed-")]
         assert (len(closed) <= 1) == flushing, closed
         assert store.count() > 12_000
+
+
+def test_edge_store_creates_shards_without_a_write_ahead_log(tmp_path: Path) -> None:
+    # A log would write every update twice and keep its open 32 MB segment in memory.
+    with EdgeVectorStore(tmp_path / "chunks") as store:
+        _fill_write_ahead_log(store, 40)
+        store.upsert_sparse(page_points("a", [[1.0, 0.0]]))
+        logs = [p for p in tmp_path.rglob("*") if p.name == "wal"]
+        assert logs == []
+        assert store.count() > 4_000
 
 
 def test_edge_store_created_with_dimensions_refuses_other_sizes(tmp_path: Path) -> None:
