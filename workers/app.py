@@ -7,6 +7,7 @@ from celery import Celery, signals
 
 from celeryconfig import INDEX_QUEUE
 from webctx import tokens
+from webctx.allocator import return_freed_memory
 from webctx.errors import WebctxError
 from workers.deps import worker_deps
 from workers.metrics import install_worker_signals
@@ -56,6 +57,9 @@ def _prepare(instance: Any = None, **_: Any) -> None:
     (forked children share the tokenizer's tables)."""
     if instance is None:
         return
+    applied = return_freed_memory()  # before the pool's threads or children exist
+    settings = ", ".join(f"{name}={value}" for name, value in applied.items()) or "none"
+    logger.info("allocator set to return freed memory: %s", settings)
     queues = set(instance.app.amqp.queues.consume_from)
     load_tokenizer(queues)
     open_store(queues, instance.pool_cls)

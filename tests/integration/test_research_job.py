@@ -334,3 +334,13 @@ def test_a_wiped_store_is_filled_again_not_trusted_to_hold_its_pages(
     reopened = EdgeVectorStore(store)
     assert reopened.count() >= first.stats.chunks
     reopened.close()
+
+
+def test_a_worker_sets_its_allocator_to_return_freed_memory_at_start(
+    tmp_path: Path, start_worker
+) -> None:
+    env = clean_env(CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    storing = start_worker(env, "-Q", "store,rank", "-n", "mem@%h")
+    before_ready = storing.log.read_text().split("ready.")[0]
+    assert "allocator set to return freed memory" in before_ready
+    assert "MALLOC_MMAP_THRESHOLD_" in before_ready
