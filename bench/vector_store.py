@@ -1,7 +1,10 @@
 """Benchmark the embedded vector engines: qdrant-edge vs qdrant-client local mode (on disk).
 
-qdrant-edge runs twice, with float32 and with float16 vectors (WEBCTX_QDRANT_VECTOR_DATATYPE);
-the float16 run's top-10 hits are compared with float32's.
+qdrant-edge runs three times: with float32 and with float16 vectors
+(WEBCTX_QDRANT_VECTOR_DATATYPE), both on shards without a write-ahead log as webctx creates
+them (each write flushed before it returns), and with float16 on a shard with a log, as
+earlier versions created them (flushed every 5 s of writes). The float16 run's top-10 hits
+are compared with float32's.
 
 Both run through webctx's own adapters (EdgeVectorStore, QdrantVectorStore) for ingest,
 reopen and the filtered search the rank stage does; the unfiltered search calls each engine
@@ -42,10 +45,18 @@ from bench._report import DOC, replace_block  # noqa: E402
 from webctx.adapters.edge_store import EdgeVectorStore  # noqa: E402
 from webctx.adapters.qdrant_store import QdrantVectorStore  # noqa: E402
 from webctx.models import Chunk, StoredChunk  # noqa: E402
-from webctx.ports import VectorStore  # noqa: E402
+from webctx.ports import VectorDatatype, VectorStore  # noqa: E402
 from webctx.stages.store import make_points  # noqa: E402
 
-ENGINES = {"edge": "qdrant-edge", "edge16": "qdrant-edge float16", "local": "qdrant-client local"}
+ENGINES = {
+    "edge": "qdrant-edge",
+    "edge16": "qdrant-edge float16",
+    "edge16log": "qdrant-edge float16 with a write-ahead log",
+    "local": "qdrant-client local",
+}
+EDGE_DATATYPES: dict[str, VectorDatatype] = {
+    "edge": "float32", "edge16": "float16", "edge16log": "float16"
+}  # fmt: skip
 AGREEMENT_QUERIES = 50  # filtered searches whose top 10 float16 and float32 must share
 MODEL = "bench-embedding"
 CHUNKS_PER_PAGE = 20
@@ -124,18 +135,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def open_store(engine: str, path: Path) -> tuple[VectorStore, Callable[[], None]]:
+def open_store(engine: str, path: Path, dim: int) -> tuple[VectorStore, Callable[[], None]]:
     """The adapter over a store at `path`, and how to close it."""
-    if engine in ("edge", "edge16"):
-        edge = EdgeVectorStore(path, datatype="float16" if engine == "edge16" else "float32")
+    if engine in EDGE_DATATYPES:
+        if engine == "edge16log" and not path.exists():
+            create_logged_shard(path, dim)
+        edge = EdgeVectorStore(path, datatype=EDGE_DATATYPES[engine])
         return edge, edge.close
     client = QdrantClient(path=str(path))
     return QdrantVectorStore(client, collection="bench"), client.close
 
 
+def create_logged_shard(path: Path, dim: int) -> None:
+    """A float16 shard with the engine's write-ahead log, as earlier webctx created them."""
+    params = qe.EdgeVectorParams(
+        size=dim, distance=qe.Distance.Cosine, datatype=qe.VectorStorageDatatype.Float16
+    )
+    qe.EdgeShard.create(str(path), qe.EdgeConfig(vectors=params)).close()
+
+
 def unfiltered_query(engine: str, store: Any) -> Callable[[list[float]], object]:
     """A top-10 search without filter, straight on the engine (the adapter always filters)."""
-    if engine in ("edge", "edge16"):
+    if engine in EDGE_DATATYPES:
         shard = store._shard  # the bench reaches in: webctx never searches unfiltered
         return lambda v: shard.query(
             qe.QueryRequest(
@@ -167,7 +188,7 @@ def run_engine(engine: str, points: int, queries: int, dim: int, batch: int) -> 
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{engine}-"))
     try:
         rss_before = rss_mb()
-        store, close = open_store(engine, workdir / "store")
+        store, close = open_store(engine, workdir / "store", dim)
         ingest_s = 0.0
         for chunk_batch in regroup(batches(points, dim, CHUNKS_PER_PAGE), batch):
             start = time.perf_counter()
@@ -175,7 +196,7 @@ def run_engine(engine: str, points: int, queries: int, dim: int, batch: int) -> 
             ingest_s += time.perf_counter() - start
         close()
         start = time.perf_counter()
-        store, close = open_store(engine, workdir / "store")
+        store, close = open_store(engine, workdir / "store", dim)
         count = store.count()
         reopen_s = time.perf_counter() - start
         assert count == points, (count, points)
@@ -247,18 +268,21 @@ def run_child(engine: str, args: argparse.Namespace, points: int, queries: int) 
     return result
 
 
-def table(edge: dict[str, Any], edge16: dict[str, Any], local: dict[str, Any]) -> str:
-    """The Markdown table; the ratio columns are edge / local and float16 / float32 edge."""
+def table(
+    edge: dict[str, Any], edge16: dict[str, Any], logged: dict[str, Any], local: dict[str, Any]
+) -> str:
+    """The Markdown table; the ratio columns are edge / local, float16 / float32 edge and
+    float16 without a log / with one."""
 
     def row(name: str, key: Callable[[dict[str, Any]], float], ratio: bool = True) -> str:
-        a, h, b = key(edge), key(edge16), key(local)
-        ratios = f"{a / b:.3g} | {h / a:.3g}" if ratio else " | "
-        return f"| {name} | {fmt(a)} | {fmt(h)} | {fmt(b)} | {ratios} |"
+        a, h, g, b = key(edge), key(edge16), key(logged), key(local)
+        ratios = f"{a / b:.3g} | {h / a:.3g} | {h / g:.3g}" if ratio else " | | "
+        return f"| {name} | {fmt(a)} | {fmt(h)} | {fmt(g)} | {fmt(b)} | {ratios} |"
 
     lines = [
-        "| metric | qdrant-edge | qdrant-edge float16 | qdrant-client local | edge/local "
-        "| float16/edge |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| metric | qdrant-edge | qdrant-edge float16 | float16 with a log "
+        "| qdrant-client local | edge/local | float16/edge | float16 no log/log |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         row("points", lambda r: r["points"], ratio=False),
         row("ingest, points/s (higher is better)", lambda r: r["points"] / r["ingest_s"]),
         row("ingest total, s", lambda r: r["ingest_s"]),
@@ -338,8 +362,11 @@ def section(
         f" after {WARMUP} warm-up ones, returning payload and vectors; the filter is a"
         " `MatchAny` on content_sha256 of 20 random pages. Both stores on disk, ingest and"
         " filtered search through webctx's adapters, each engine alone in a child process;"
-        " RSS delta is peak RSS minus RSS before opening the store. qdrant-edge runs twice:"
-        " float32 vectors (the engine's default) and float16 (WEBCTX_QDRANT_VECTOR_DATATYPE)."
+        " RSS delta is peak RSS minus RSS before opening the store. qdrant-edge runs three times:"
+        " float32 vectors (the engine's default) and float16 (WEBCTX_QDRANT_VECTOR_DATATYPE)"
+        " on shards without a write-ahead log as webctx creates them (every upsert flushed"
+        " before it returns), then float16 on a shard with a log as earlier versions created"
+        " them (flushed every 5 s of writes)."
         f"{note}\n\n{body}\n{END}"
     )
 
@@ -369,9 +396,10 @@ def main() -> None:
     LOAD_AT_START[:] = os.getloadavg()  # the machine may be shared: say how busy it was
     edge = run_child("edge", args, args.points, args.queries)
     edge16 = run_child("edge16", args, args.points, args.queries)
+    logged = run_child("edge16log", args, args.points, args.queries)
     local_queries = min(args.queries, args.local_queries)
     local = run_child("local", args, args.local_points or args.points, local_queries)
-    body = table(edge, edge16, local) + "\n\n" + agreement(edge, edge16) + "\n"
+    body = table(edge, edge16, logged, local) + "\n\n" + agreement(edge, edge16) + "\n"
     text = section(body, args, edge, local)
     print(text)
     if args.write:
