@@ -382,15 +382,18 @@ def test_qdrant_store_creates_its_collection_with_the_configured_datatype() -> N
     client.close()
 
 
-def _fill_write_ahead_log(store: EdgeVectorStore, megabytes: int) -> None:
+def _fill_write_ahead_log(
+    store: EdgeVectorStore, megabytes: int, *, sparse: bool = False
+) -> None:
     """Upsert points whose payloads add up to `megabytes` (the log holds each one)."""
+    write = store.upsert_sparse if sparse else store.upsert
     text = "x" * 8000
     per_page = 100
     for page in range(megabytes * 2**20 // (len(text) * per_page) + 1):
         chunks = [Chunk(content_sha256=sha(f"p{page}"), index=i, start=i, end=i + len(text),
                         text=text, tokens=1) for i in range(per_page)]  # fmt: skip
-        store.upsert(make_points(chunks, [[1.0, float(i)] for i in range(per_page)],
-                                 url="https://a.test/", model=MODEL))  # fmt: skip
+        write(make_points(chunks, [[1.0, float(i)] for i in range(per_page)],
+                          url="https://a.test/", model=MODEL))  # fmt: skip
 
 
 @pytest.mark.parametrize("flushing", [True, False])
@@ -407,6 +410,21 @@ def test_edge_store_write_ahead_log_stays_bounded_in_a_long_lived_store(
         closed = [f.name for f in wal.iterdir() if f.name.startswith("closed-")]
         assert (len(closed) <= 1) == flushing, closed
         assert store.count() > 12_000
+
+
+def test_edge_store_flushes_a_logged_shard_written_less_often_than_the_other(
+    tmp_path: Path,
+) -> None:
+    # One flush timer for both shards: the sparse shard's log must be trimmed by the flush
+    # a dense write triggers, or in a dense-then-sparse write pattern it never would be.
+    _create_logged_shard(tmp_path / "chunks")
+    with EdgeVectorStore(tmp_path / "chunks", flush_interval_s=float("inf")) as store:
+        _fill_write_ahead_log(store, 70, sparse=True)
+        wal = tmp_path / "chunks.sparse" / "wal"
+        assert len([f for f in wal.iterdir() if f.name.startswith("closed-")]) >= 2
+        store._flush_interval_s = 0.0
+        store.upsert(page_points("a", [[1.0, 0.0]]))
+        assert len([f for f in wal.iterdir() if f.name.startswith("closed-")]) <= 1
 
 
 def test_edge_store_creates_shards_without_a_write_ahead_log(tmp_path: Path) -> None:

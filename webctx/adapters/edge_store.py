@@ -323,28 +323,31 @@ class EdgeVectorStore:
     def _wrote(self, *, dense: bool = False, sparse: bool = False) -> None:
         """Make the writes just made to the dense and/or sparse shard durable: flush a shard
         without a write-ahead log now, one with a log at most every `flush_interval_s`."""
-        logged: list[qe.EdgeShard] = []
+        logged_write = False
         for shard, path, wrote in ((self._current(), self.path, dense),
                                    (self._sparse, self._sparse_path, sparse)):  # fmt: skip
             if not wrote or shard is None:  # one never opened has no writes
                 continue
             if path in self._logged:
-                logged.append(shard)
+                logged_write = True
             else:
                 _engine(shard.flush)
-        if logged:
-            self._flush_logged(logged)
+        if logged_write:
+            self._flush_logged()
 
-    def _flush_logged(self, shards: Sequence[qe.EdgeShard]) -> None:
-        """Flush shards with a log when the last flush is `flush_interval_s` old; one thread
-        flushes while the others go on (the log holds their writes meanwhile)."""
+    def _flush_logged(self) -> None:
+        """Flush every open shard with a log when the last flush is `flush_interval_s` old
+        (all of them: with one timer, a shard flushed only when it is written could wait
+        forever behind the other's flushes); one thread flushes while the others go on (the
+        logs hold their writes meanwhile)."""
         if time.monotonic() - self._flushed_at < self._flush_interval_s:
             return
         if not self._flushing.acquire(blocking=False):
             return
         try:
-            for shard in shards:
-                _engine(shard.flush)
+            for shard, path in ((self._current(), self.path), (self._sparse, self._sparse_path)):
+                if shard is not None and path in self._logged:
+                    _engine(shard.flush)
             self._flushed_at = time.monotonic()
         finally:
             self._flushing.release()
