@@ -2,9 +2,9 @@
 
 qdrant-edge runs three times: with float32 and with float16 vectors
 (WEBCTX_QDRANT_VECTOR_DATATYPE), both on shards without a write-ahead log as webctx creates
-them (each write flushed before it returns), and with float16 on a shard with a log, as
-earlier versions created them (flushed every 5 s of writes). The float16 run's top-10 hits
-are compared with float32's.
+them, and with float16 on a shard with a log, as earlier versions created them; every
+upsert is flushed before it returns in all three. The float16 run's top-10 hits are
+compared with float32's.
 
 Both run through webctx's own adapters (EdgeVectorStore, QdrantVectorStore) for ingest,
 reopen and the filtered search the rank stage does; the unfiltered search calls each engine
@@ -364,9 +364,9 @@ def section(
         " filtered search through webctx's adapters, each engine alone in a child process;"
         " RSS delta is peak RSS minus RSS before opening the store. qdrant-edge runs three times:"
         " float32 vectors (the engine's default) and float16 (WEBCTX_QDRANT_VECTOR_DATATYPE)"
-        " on shards without a write-ahead log as webctx creates them (every upsert flushed"
-        " before it returns), then float16 on a shard with a log as earlier versions created"
-        " them (flushed every 5 s of writes)."
+        " on shards without a write-ahead log as webctx creates them, then float16 on a shard"
+        " with a log as earlier versions created them; every upsert is flushed before it"
+        " returns in all three."
         f"{note}\n\n{body}\n{END}"
     )
 

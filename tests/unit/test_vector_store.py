@@ -282,13 +282,12 @@ from pathlib import Path
 from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.stages.store import make_points
 from webctx.models import Chunk
-store = EdgeVectorStore(Path(sys.argv[1]), flush_interval_s=float(sys.argv[2]))
+store = EdgeVectorStore(Path(sys.argv[1]))
 def page(name):
     chunk = Chunk(content_sha256=name * 32, index=0, start=0, end=5, text=f"{name} text",
                   tokens=2)
     return make_points([chunk], [[1.0, 0.0]], url=f"https://{name}.test/", model="m")
 store.upsert(page("ab"))
-store._flush_interval_s = float("inf")  # "0": flushed above, the rest only in a log
 store.upsert(page("cd"))
 store.upsert_sparse(page("ab") + page("cd"))
 store.mark_pages(tenant_key="t", generation=1, live={"ab" * 32: "ab.test"}, dead=[])
@@ -307,18 +306,13 @@ def _create_logged_shard(path: Path) -> None:
     qe.EdgeShard.create(str(sparse_path), qe.EdgeConfig(sparse_vectors=sparse)).close()
 
 
-@pytest.mark.parametrize(
-    ("shard", "flush_interval_s"), [("new", "inf"), ("logged", "0"), ("logged", "inf")]
-)
-def test_edge_store_keeps_every_returned_write_after_a_crash(
-    tmp_path: Path, shard: str, flush_interval_s: str
-) -> None:
-    # A new shard has no log: each write must be flushed before it returns. A shard created
-    # with a log must replay from it what no flush wrote.
+@pytest.mark.parametrize("shard", ["new", "logged"])
+def test_edge_store_keeps_every_returned_write_after_a_crash(tmp_path: Path, shard: str) -> None:
+    # A new shard has no log: each write must be flushed before it returns.
     path = tmp_path / "chunks"
     if shard == "logged":
         _create_logged_shard(path)
-    died = run_child(WRITE_THEN_DIE, str(path), flush_interval_s)
+    died = run_child(WRITE_THEN_DIE, str(path))
     assert died.returncode == -signal.SIGKILL, died.stderr
     assert (path / "wal").exists() == (shard == "logged")
     with EdgeVectorStore(path) as store:
@@ -396,35 +390,18 @@ def _fill_write_ahead_log(
                           url="https://a.test/", model=MODEL))  # fmt: skip
 
 
-@pytest.mark.parametrize("flushing", [True, False])
-def test_edge_store_write_ahead_log_stays_bounded_in_a_long_lived_store(
-    tmp_path: Path, flushing: bool
+@pytest.mark.parametrize("shard", ["chunks", "chunks.sparse"])
+def test_edge_store_keeps_the_write_ahead_log_of_a_logged_shard_bounded(
+    tmp_path: Path, shard: str
 ) -> None:
-    # The engine's log rolls over to a new 32 MB segment when one fills; a flush lets it
-    # drop the closed ones. 100 MB of updates fill three segments.
+    # The engine's log rolls over to a new 32 MB segment when one fills, and drops closed
+    # ones at a flush. 100 MB of updates fill three segments.
     _create_logged_shard(tmp_path / "chunks")
-    interval = 0.0 if flushing else float("inf")
-    with EdgeVectorStore(tmp_path / "chunks", flush_interval_s=interval) as store:
-        _fill_write_ahead_log(store, 100)
-        wal = tmp_path / "chunks" / "wal"
+    with EdgeVectorStore(tmp_path / "chunks") as store:
+        _fill_write_ahead_log(store, 100, sparse=shard.endswith("sparse"))
+        wal = tmp_path / shard / "wal"
         closed = [f.name for f in wal.iterdir() if f.name.startswith("closed-")]
-        assert (len(closed) <= 1) == flushing, closed
-        assert store.count() > 12_000
-
-
-def test_edge_store_flushes_a_logged_shard_written_less_often_than_the_other(
-    tmp_path: Path,
-) -> None:
-    # One flush timer for both shards: the sparse shard's log must be trimmed by the flush
-    # a dense write triggers, or in a dense-then-sparse write pattern it never would be.
-    _create_logged_shard(tmp_path / "chunks")
-    with EdgeVectorStore(tmp_path / "chunks", flush_interval_s=float("inf")) as store:
-        _fill_write_ahead_log(store, 70, sparse=True)
-        wal = tmp_path / "chunks.sparse" / "wal"
-        assert len([f for f in wal.iterdir() if f.name.startswith("closed-")]) >= 2
-        store._flush_interval_s = 0.0
-        store.upsert(page_points("a", [[1.0, 0.0]]))
-        assert len([f for f in wal.iterdir() if f.name.startswith("closed-")]) <= 1
+        assert len(closed) <= 1, closed
 
 
 def test_edge_store_creates_shards_without_a_write_ahead_log(tmp_path: Path) -> None:

@@ -9,24 +9,20 @@ Open it in the process that uses it, after any fork (Celery: worker_process_init
 is safe to call from many threads: it synchronises internally, and holds the GIL while it
 works, so calls do not run in parallel; a lock guards only creation and close.
 
-A write is durable when the call returns. Shards are created without the engine's
-write-ahead log, so every write flushes the shard it changed before returning (a flush costs
-about 8 ms for a page's points). The log would write each update twice and keep its open
-32 MB segment in the worker's memory; the store's writes come a page at a time, where a
-flush per write is cheap. A shard created with a log (by an earlier webctx: the engine fixes
-the choice at creation) keeps it: its updates survive a crash through the log, and it is
-flushed at most every `flush_interval_s`, without which the log grows with everything the
-process ever stored and a restart after a crash replays all of it.
+A write is durable when the call returns: every write flushes the shards it changed before
+returning (about 8 ms for a page's points). Shards are created without the engine's
+write-ahead log, which would write each update twice and keep its open 32 MB segment in the
+worker's memory; the store's writes come a page at a time, where a flush per write is
+cheap. A shard created with a log by an earlier webctx keeps it (the engine fixes the choice
+at creation); the same flushes keep that log from growing with everything ever stored.
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
-import json
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -47,8 +43,6 @@ SPARSE_SUFFIX = ".sparse"
 shard's schema stays as it is (existing shards keep loading), and only the holder of
 `<path>`'s lock ever opens it."""
 LOCK_FILE = ".webctx.lock"
-FLUSH_INTERVAL_S = 5.0
-"""Qdrant's own default flush interval."""
 _DATATYPES = {"float32": qe.VectorStorageDatatype.Float32,
               "float16": qe.VectorStorageDatatype.Float16}  # fmt: skip
 _CONFIG_FILE = "edge_config.json"  # written by EdgeShard.create: its presence means "load"
@@ -105,20 +99,10 @@ class EdgeVectorStore:
     """Points in a qdrant-edge shard at `path`, cosine distance, content_sha256 indexed."""
 
     def __init__(
-        self,
-        path: Path,
-        *,
-        dimensions: int | None = None,
-        datatype: VectorDatatype = "float32",
-        flush_interval_s: float = FLUSH_INTERVAL_S,
+        self, path: Path, *, dimensions: int | None = None, datatype: VectorDatatype = "float32"
     ) -> None:
         self.path = path
-        self._sparse_path = path.with_name(path.name + SPARSE_SUFFIX)
-        self._logged: set[Path] = set()  # shards with a write-ahead log (created so earlier)
         self._datatype = _DATATYPES[datatype]
-        self._flush_interval_s = flush_interval_s
-        self._flushed_at = time.monotonic()
-        self._flushing = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock_directory(path)
         self._pid = os.getpid()
@@ -128,7 +112,7 @@ class EdgeVectorStore:
         self._marked: set[str] = set()  # tenant keys whose mark fields are indexed
         try:
             if (path / _CONFIG_FILE).exists():
-                self._shard = self._open(_engine(lambda: qe.EdgeShard.load(str(path))), path)
+                self._shard = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
             elif dimensions is not None:
                 self._shard = self._create(dimensions)
         except BaseException:
@@ -141,7 +125,7 @@ class EdgeVectorStore:
             return
         shard = self._current() or self._create_once(len(points[0].vector))
         _keep_marks_upsert(shard, [(p.id, list(p.vector), point_payload(p)) for p in points])
-        self._wrote(dense=True)
+        _engine(shard.flush)  # durable on return
 
     def search(
         self,
@@ -230,7 +214,7 @@ class EdgeVectorStore:
         for shard in (self._current(), self._sparse_shard(create=False)):
             if shard is not None:
                 _engine(functools.partial(shard.update, delete))
-        self._wrote(dense=True, sparse=True)
+                _engine(shard.flush)  # durable on return
 
     def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
         """Index the points' chunk texts as BM25 sparse vectors, under the same ids."""
@@ -244,7 +228,7 @@ class EdgeVectorStore:
             batch.append((p.id, {SPARSE: qe.SparseVector(sv.indices, sv.values)},
                           point_payload(p)))  # fmt: skip
         _keep_marks_upsert(shard, batch)
-        self._wrote(sparse=True)
+        _engine(shard.flush)  # durable on return
 
     def search_sparse(
         self, text: str, *, limit: int, content_sha256s: Sequence[str]
@@ -318,39 +302,7 @@ class EdgeVectorStore:
         for shard in shards:
             for op in _mark_operations(tenant_key, generation, live, dead):
                 _engine(functools.partial(shard.update, op))
-        self._wrote(dense=True, sparse=True)
-
-    def _wrote(self, *, dense: bool = False, sparse: bool = False) -> None:
-        """Make the writes just made to the dense and/or sparse shard durable: flush a shard
-        without a write-ahead log now, one with a log at most every `flush_interval_s`."""
-        logged_write = False
-        for shard, path, wrote in ((self._current(), self.path, dense),
-                                   (self._sparse, self._sparse_path, sparse)):  # fmt: skip
-            if not wrote or shard is None:  # one never opened has no writes
-                continue
-            if path in self._logged:
-                logged_write = True
-            else:
-                _engine(shard.flush)
-        if logged_write:
-            self._flush_logged()
-
-    def _flush_logged(self) -> None:
-        """Flush every open shard with a log when the last flush is `flush_interval_s` old
-        (all of them: with one timer, a shard flushed only when it is written could wait
-        forever behind the other's flushes); one thread flushes while the others go on (the
-        logs hold their writes meanwhile)."""
-        if time.monotonic() - self._flushed_at < self._flush_interval_s:
-            return
-        if not self._flushing.acquire(blocking=False):
-            return
-        try:
-            for shard, path in ((self._current(), self.path), (self._sparse, self._sparse_path)):
-                if shard is not None and path in self._logged:
-                    _engine(shard.flush)
-            self._flushed_at = time.monotonic()
-        finally:
-            self._flushing.release()
+            _engine(shard.flush)  # durable on return
 
     def optimize(self) -> bool:
         """Run the engine's optimizers (HNSW for segments past the indexing threshold).
@@ -375,15 +327,15 @@ class EdgeVectorStore:
         self._current()  # same fork/closed checks as the dense shard
         with self._guard:
             if self._sparse is None:
-                path = self._sparse_path
+                path = self.path.with_name(self.path.name + SPARSE_SUFFIX)
                 if (path / _CONFIG_FILE).exists():
-                    self._sparse = self._open(_engine(lambda: qe.EdgeShard.load(str(path))), path)
+                    self._sparse = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
                 elif create:
                     path.mkdir(parents=True, exist_ok=True)
                     params = {SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)}
                     config = qe.EdgeConfig(sparse_vectors=params, wal_enabled=False)
                     self._sparse = self._open(
-                        _engine(lambda: qe.EdgeShard.create(str(path), config)), path
+                        _engine(lambda: qe.EdgeShard.create(str(path), config))
                     )
             return self._sparse
 
@@ -430,11 +382,10 @@ class EdgeVectorStore:
             size=dimensions, distance=qe.Distance.Cosine, datatype=self._datatype
         )
         config = qe.EdgeConfig(vectors=params, wal_enabled=False)
-        return self._open(_engine(lambda: qe.EdgeShard.create(str(self.path), config)), self.path)
+        return self._open(_engine(lambda: qe.EdgeShard.create(str(self.path), config)))
 
-    def _open(self, shard: qe.EdgeShard, path: Path) -> qe.EdgeShard:
-        if _has_log(path):
-            self._logged.add(path)
+    @staticmethod
+    def _open(shard: qe.EdgeShard) -> qe.EdgeShard:
         # Without the keyword index a filtered search scans every point (140 ms vs 0.3 ms
         # at 50k points), so also add it to a shard that lacks it.
         keyword = qe.PayloadSchemaType.Keyword
@@ -445,13 +396,6 @@ class EdgeVectorStore:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor releases the flock
-
-
-def _has_log(path: Path) -> bool:
-    """Whether the shard at `path` was created with a write-ahead log (the engine persists
-    the choice in its config; shards created before it was offered have no key)."""
-    config = json.loads((path / _CONFIG_FILE).read_text())
-    return config.get("wal_enabled") is not False
 
 
 def _keep_marks_upsert(
