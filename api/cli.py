@@ -189,7 +189,18 @@ def worker(ctx: typer.Context) -> None:
         args += ["--pool", "threads"]
     if not any(a.startswith(("--concurrency", "-c")) for a in args):
         args += ["--concurrency", str(settings.worker_concurrency)]
-    app.worker_main(["worker", *args])
+    if not any(a.startswith(("--hostname", "-n")) for a in args):
+        # Celery's default, celery@<host>, is the same for every worker on a host: replies
+        # to `celery inspect` mix and Celery warns of duplicate node names.
+        args += ["--hostname", f"webctx-{os.getpid()}@%h"]
+    from celery.bin.celery import celery as celery_cli
+
+    # As `app.start` does, but keeping the worker's exit code (click returns it, without
+    # raising, when not in standalone mode, and `app.start` drops it).
+    celery_cli.params[0].default = app
+    code = celery_cli.main(args=["worker", *args], standalone_mode=False)
+    if code:
+        raise typer.Exit(code)
 
 
 @cli.command()

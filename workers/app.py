@@ -1,6 +1,8 @@
 """The Celery application (`celery -A workers.app worker`)."""
 
 import logging
+import threading
+import time
 from typing import Any
 
 from celery import Celery, signals
@@ -8,8 +10,8 @@ from celery import Celery, signals
 from celeryconfig import INDEX_QUEUE
 from webctx import tokens
 from webctx.allocator import return_freed_memory
-from webctx.errors import WebctxError
-from workers.deps import worker_deps
+from webctx.errors import ConfigError, WebctxError
+from workers.deps import Deps, worker_deps
 from workers.metrics import install_worker_signals
 
 app = Celery("webctx", include=["workers.tasks", "workers.index_tasks"])
@@ -35,20 +37,93 @@ def load_tokenizer(queues: set[str]) -> bool:
     return True
 
 
-def open_store(queues: set[str], pool: type) -> bool:
-    """Open the vector store now on a worker that stores, unless its pool forks (each
-    child opens its own). Opening it checks whether it is empty (`Deps.store`), and that
-    must happen before this worker's first task: pages marked stored in a wiped store
-    would otherwise be skipped."""
-    if "store" not in queues or "prefork" in pool.__module__:
-        return False
+STORE_QUEUES = frozenset({"store", "rank", INDEX_QUEUE})
+"""Queues whose tasks open the vector store."""
+
+
+def store_refusal(queues: set[str], pool: type) -> str | None:
+    """Why this worker cannot serve the queues that need the vector store, or None.
+
+    The embedded engine admits one process per path. A second worker started in the same
+    folder would take store and rank tasks it can only fail, so it finds out now, at start,
+    by opening the store (which it must do before its first task anyway: `Deps.store`).
+    A prefork pool cannot share one opened engine between its children."""
+    if not queues & STORE_QUEUES:
+        return None
+    deps = worker_deps()
+    if deps.settings.qdrant_url:
+        if "prefork" not in pool.__module__:  # each prefork child opens its own client
+            _open_store_early(deps)
+        return None
+    if "prefork" in pool.__module__:
+        return (
+            "the embedded vector store admits one process, and a prefork pool has several: "
+            "use --pool threads (the default of `webctx worker`)"
+        )
     try:
-        opened = worker_deps().open_store()
-    except WebctxError as exc:  # the first store task reports it, as without this
+        deps.open_store()
+    except ConfigError as exc:
+        return str(exc)
+    logger.info("vector store opened", extra={"path": str(deps.settings.qdrant_path)})
+    return None
+
+
+def _open_store_early(deps: Deps) -> None:
+    """Open a server-backed store before the first task; its tasks report a failure."""
+    try:
+        deps.open_store()
+    except WebctxError as exc:
         logger.error("vector store not opened", extra={"exc": str(exc)})
-        return False
-    logger.info("vector store opened", extra={"store": type(opened).__name__})
-    return True
+
+
+def leave_store_queues(instance: Any, queues: set[str], why: str) -> None:
+    """Stop this worker from consuming the vector-store queues, saying so in one line; exit
+    when nothing is left for it to consume."""
+    dropped = sorted(queues & STORE_QUEUES)
+    remaining = sorted(queues - STORE_QUEUES)
+    if not remaining:
+        logger.critical("cannot serve %s: %s", ", ".join(dropped), why)
+        raise SystemExit(1)
+    instance.app.amqp.queues.deselect(dropped)
+    logger.warning(
+        "not consuming %s (%s); serving %s, and taking over the store if it is released. "
+        "Several store/rank workers need a Qdrant server: set WEBCTX_QDRANT_URL",
+        ", ".join(dropped), why, ", ".join(remaining),
+    )  # fmt: skip
+    if "prefork" not in instance.pool_cls.__module__:
+        _standby.update(hostname=instance.hostname, queues=dropped)
+
+
+_standby: dict[str, Any] = {}
+"""The store queues this worker left at start, to take over once the store is released."""
+STANDBY_POLL_S = 5.0
+
+
+@signals.worker_ready.connect(weak=False)
+def _start_standby(**_: Any) -> None:
+    """Once consuming, watch the store's lock: when its holder stops (a closed terminal, a
+    crash), this worker opens the store and starts consuming its queues, so jobs go on."""
+    if _standby:
+        threading.Thread(target=_take_over_store, name="store-standby", daemon=True).start()
+
+
+def _take_over_store() -> None:
+    hostname, queues = _standby["hostname"], _standby["queues"]
+    while True:
+        time.sleep(STANDBY_POLL_S)
+        try:
+            worker_deps().open_store()
+        except ConfigError:
+            continue  # still held by another worker
+        except WebctxError as exc:
+            logger.error("vector store not opened", extra={"exc": str(exc)})
+            continue
+        load_tokenizer(set(queues))
+        for queue in queues:  # runs in the consumer's thread, as `celery control` would
+            app.control.add_consumer(queue, destination=[hostname], reply=False)
+        logger.warning("vector store opened after its holder stopped: consuming %s",
+                       ", ".join(queues))  # fmt: skip
+        return
 
 
 @signals.celeryd_after_setup.connect(weak=False)
@@ -61,8 +136,11 @@ def _prepare(instance: Any = None, **_: Any) -> None:
     settings = ", ".join(f"{name}={value}" for name, value in applied.items()) or "none"
     logger.info("allocator set to return freed memory: %s", settings)
     queues = set(instance.app.amqp.queues.consume_from)
+    why = store_refusal(queues, instance.pool_cls)
+    if why is not None:
+        leave_store_queues(instance, queues, why)
+        queues -= STORE_QUEUES
     load_tokenizer(queues)
-    open_store(queues, instance.pool_cls)
 
 
 def broker_priority(priority: int | None) -> int | None:

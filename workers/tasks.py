@@ -283,6 +283,12 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
             _retry(self, exc)
         jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc}")
         return job_id
+    except redis.RedisError:
+        raise  # the job store is down, not the job: redelivered once Redis is back
+    except Exception as exc:  # noqa: BLE001 - a job must end, not wait for its watchdog
+        logger.exception("rank failed", extra={"job_id": job_id})
+        jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc or type(exc).__name__}")
+        return job_id
     jobs.mark_stage(job_id, "rank", start=False)
     bundle.stats.stage_s = jobs.stage_seconds(job_id)
     bundle.stats.elapsed_s = round(time.time() - jobs.created_at(job_id), 3)
