@@ -17,9 +17,13 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/webctx demo
 
+# The whole suite, in parallel: each xdist worker has its own Redis database (tests/conftest.py).
+# Integration tests mostly wait on worker processes, so more workers than cores pay off.
+TEST_WORKERS ?= 4
+
 test: install
 	bash scripts/ensure-redis
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 check: install
 	$(PY) -m ruff check webctx workers api tests bench celeryconfig.py

@@ -1,5 +1,9 @@
 """Shared fixtures: the machine's Redis (a dedicated db, flushed per test), the loopback
-test web, and `webctx` subprocesses (workers and the CLI) with a clean environment."""
+test web, and `webctx` subprocesses (workers and the CLI) with a clean environment.
+
+Every test that talks to Redis takes its URL from `redis_url()`: one database per test
+process, so pytest-xdist workers never flush each other's state (subprocesses a test
+starts get the same URL through their environment)."""
 
 from __future__ import annotations
 
@@ -19,11 +23,27 @@ from tests.testweb import LoopbackWeb, start_test_web
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_HOST = os.environ.get("WEBCTX_TEST_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("WEBCTX_TEST_REDIS_PORT", "6379"))
-REDIS_DB = int(os.environ.get("WEBCTX_TEST_REDIS_DB", "11"))
+MAX_XDIST_WORKERS = 10
+"""Databases 1-10 serve pytest-xdist workers gw0-gw9; 11 a run without xdist; 13-15 the
+benchmarks (bench/)."""
+
+
+def _test_db() -> int:
+    """This test process's database: 1 + N for xdist worker gwN, else WEBCTX_TEST_REDIS_DB."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return int(os.environ.get("WEBCTX_TEST_REDIS_DB", "11"))
+    number = int(worker.removeprefix("gw"))
+    if number >= MAX_XDIST_WORKERS:
+        raise RuntimeError(f"at most {MAX_XDIST_WORKERS} xdist workers (one Redis db each)")
+    return 1 + number
+
+
+REDIS_DB = _test_db()
 
 
 def redis_url(db: int = REDIS_DB) -> str:
-    """URL of the test database on the machine's Redis."""
+    """URL of this test process's database on the test Redis."""
     return f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"
 
 

@@ -1,5 +1,5 @@
 """Fixtures of the API and MCP tests: a paced loopback web (every page takes a moment,
-so a job can be cancelled mid-fetch), and one API stack per module: Redis db 11, a
+so a job can be cancelled mid-fetch), and one API stack per module: the test Redis, a
 `webctx worker` and a `webctx api` process on an ephemeral port, keys for two tenants."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def api_stack(
     paced_web: LoopbackWeb,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ApiStack]:
-    """Redis db 11 (flushed at start and end), one worker, the API, two tenants' keys.
+    """The test Redis (flushed at start and end), one worker, the API, two tenants' keys.
 
     A test module may set `API_ENV` (a dict) to add settings to both processes.
     """

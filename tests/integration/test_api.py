@@ -13,6 +13,9 @@ from tests.conftest import run_cli
 from tests.integration.conftest import ApiStack
 from webctx.models import Bundle
 
+# One xdist worker runs this module: its tests share one API stack (module fixture).
+pytestmark = pytest.mark.xdist_group("api_stack")
+
 QUESTION = "how do lithium-ion batteries degrade?"
 SMALL = {"question": QUESTION, "max_sources": 4, "top_k": 6, "token_budget": 800}
 

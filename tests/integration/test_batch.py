@@ -1,5 +1,5 @@
-"""Batches with real worker processes on the machine's Redis (db 14: apart from the other
-integration tests), the loopback test web, the CLI and the HTTP API."""
+"""Batches with real worker processes on the test Redis, the loopback test web, the CLI and
+the HTTP API."""
 
 from __future__ import annotations
 
@@ -7,22 +7,19 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
-from tests.conftest import REDIS_HOST, REDIS_PORT, clean_env, run_cli
+from tests.conftest import clean_env, redis_url, run_cli
 from tests.integration.conftest import ApiProcess, items_after_a_research_job
 from tests.testweb import LoopbackWeb
 from webctx.batches import BatchStatus, BatchStore
 from webctx.jobs import JobStore
 from webctx.tenants import TenantStore
 
-DB = 14
-BROKER = f"redis://{REDIS_HOST}:{REDIS_PORT}/{DB}"
 QUESTIONS = [
     "why does the SEI layer keep growing?",
     "lithium plating when charging a cold battery",
@@ -35,19 +32,10 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture
-def db14() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(BROKER, decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
-
-
 def _env(web: LoopbackWeb, tmp: Path, **extra: str) -> dict[str, str]:
     return clean_env(
         **web.env(),
-        CELERY_BROKER_URL=BROKER,
+        CELERY_BROKER_URL=redis_url(),
         WEBCTX_QDRANT_PATH=str(tmp / "q"),
         WEBCTX_VISIBILITY_TIMEOUT_S="8",  # a SIGKILLed worker's tasks come back quickly
         WEBCTX_TASK_TIME_LIMIT_S="7",
@@ -81,7 +69,7 @@ def _wait(client: redis.Redis, batch_id: str, until: str, timeout_s: float = 90)
 
 @pytest.mark.slow
 def test_batch_survives_a_sigkilled_worker_and_a_resubmission_redoes_nothing(
-    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
     env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="2")
     io = start_worker(env, "-Q", "search,fetch,embed", "-n", "io@%h", "-c", "4")
@@ -93,11 +81,11 @@ def test_batch_survives_a_sigkilled_worker_and_a_resubmission_redoes_nothing(
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     batch_id = submitted.stdout.strip()
 
-    _wait(db14, batch_id, "done>=2")
+    _wait(redis_client, batch_id, "done>=2")
     os.killpg(io.proc.pid, signal.SIGKILL)  # mid-batch: its unacked tasks come back
     io.proc.wait(timeout=10)
     start_worker(env, "-Q", "search,fetch,embed", "-n", "io2@%h", "-c", "4")
-    status = _wait(db14, batch_id, "finished", timeout_s=150)
+    status = _wait(redis_client, batch_id, "finished", timeout_s=150)
     assert status.state == "finished" and status.done + status.failed == len(QUESTIONS)
     assert status.done >= len(QUESTIONS) - 1, status
     assert status.stats["pages_downloaded"] > 0 and status.stats["tokens_embedded"] > 0
@@ -117,7 +105,8 @@ def test_batch_survives_a_sigkilled_worker_and_a_resubmission_redoes_nothing(
     assert again.stdout.strip() == batch_id and "resuming" in again.stderr
     assert sum(test_web.hits.values()) == hits  # no page downloaded
     assert test_web.embeddings_control.stats.tokens == tokens  # nothing embedded
-    assert _status(db14, batch_id).stats == {**status.stats, "elapsed_s": status.stats["elapsed_s"]}
+    again = _status(redis_client, batch_id).stats
+    assert again == {**status.stats, "elapsed_s": status.stats["elapsed_s"]}
     assert again_out.read_text() == out.read_text()
 
     changed = _write(tmp_path / "changed.jsonl", QUESTIONS[:3])
@@ -126,31 +115,31 @@ def test_batch_survives_a_sigkilled_worker_and_a_resubmission_redoes_nothing(
 
 
 def test_bad_lines_are_refused_with_line_numbers_before_anything_is_queued(
-    tmp_path: Path, db14: redis.Redis
+    tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
         '{"id": "a", "question": "fine?"}\nnot json\n{"question": "no id"}\n'
         '{"id": "a", "question": "dup"}\n{"id": "b", "question": ""}\n'
     )
-    env = clean_env(CELERY_BROKER_URL=BROKER, WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    env = clean_env(CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
     done = run_cli(env, "batch", "submit", str(bad), "--name", "bad")
     assert done.returncode == 2
     for expected in ("line 2: not JSON", "line 3: missing id", "line 4: duplicate id",
                      "line 5: empty question"):  # fmt: skip
         assert expected in done.stderr, done.stderr
-    assert db14.dbsize() == 0  # nothing queued, no state written
+    assert redis_client.dbsize() == 0  # nothing queued, no state written
 
 
 def test_http_batch_cancel_stops_queued_items_and_results_stream_in_order(
-    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
     env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="1")
     start_worker(env, "-c", "4")
     api = ApiProcess(env, tmp_path / "api.log")
     try:
         api.wait_ready(timeout_s=90)
-        tenants = TenantStore(db14)
+        tenants = TenantStore(redis_client)
         keys = {t: tenants.create_key(t)[0] for t in ("alpha", "beta")}
         items = [{"id": f"q-{i}", "question": q} for i, q in enumerate(QUESTIONS * 2)]
         auth = {"Authorization": f"Bearer {keys['alpha']}"}
@@ -164,7 +153,7 @@ def test_http_batch_cancel_stops_queued_items_and_results_stream_in_order(
             other = httpx.get(f"{api.url}/v1/batches/{batch_id}",
                               headers={"Authorization": f"Bearer {keys['beta']}"})  # fmt: skip
             assert other.status_code == 404
-            _wait(db14, batch_id, "done>=2")
+            _wait(redis_client, batch_id, "done>=2")
             cancelled = c.delete(f"/v1/batches/{batch_id}")
             assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
             time.sleep(3)
@@ -183,12 +172,12 @@ def test_http_batch_cancel_stops_queued_items_and_results_stream_in_order(
 
 @pytest.mark.slow
 def test_interactive_job_goes_ahead_of_queued_batch_items(
-    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
     """Six batch items queued (low priority), then a research job, then one worker thread
     starts: the research job finishes before most of the items (its tasks go first)."""
     env = _env(test_web, tmp_path, WEBCTX_BATCH__CONCURRENCY="6")
-    after, finished = items_after_a_research_job(env, tmp_path, db14, start_worker)
+    after, finished = items_after_a_research_job(env, tmp_path, redis_client, start_worker)
     assert after >= 4, finished
 
 
@@ -229,7 +218,7 @@ def test_batch_items_wanting_the_same_pages_download_each_once(
 
 
 def test_a_page_past_the_cache_window_is_revalidated_with_a_conditional_get(
-    test_web: LoopbackWeb, tmp_path: Path, db14: redis.Redis, start_worker
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
     env = _env(test_web, tmp_path, WEBCTX_PAGE_CACHE_TTL_S="2")
     start_worker(env, "-c", "4")

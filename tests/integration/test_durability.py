@@ -2,8 +2,8 @@
 redis-server processes, the loopback web. Each test bounds the time to its outcome.
 
 Every test starts its own redis-server on a free port (AOF on unless it tests a Redis that
-comes back empty) and never touches the machine's one: db 11 there is shared by every test
-run on the machine, whose workers would take this module's tasks and flush its state.
+comes back empty) and never touches the test Redis: these tests stop and restart their
+Redis, which must not take other tests' state with it.
 
 What each test asserts about the store: the job fetched the mini web's five pages, every
 chunk it quotes sits verbatim at its offsets, and the vector store holds exactly one point

@@ -17,7 +17,8 @@ from tests.integration.conftest import ApiStack
 from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
 
-pytestmark = pytest.mark.anyio
+# One xdist worker runs this module: one API stack for its HTTP test, and the rest.
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("mcp_stack")]
 QUESTION = "how do lithium-ion batteries degrade?"
 ARGS = {"question": QUESTION, "max_sources": 4, "top_k": 5, "token_budget": 800}
 

@@ -98,48 +98,50 @@ def test_worker_metrics_match_the_bundle_on_threads_and_prefork_workers(
     env = clean_env(
         **test_web.env(), CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q")
     )
-    io_port, vec_port = free_port(), free_port()
+    threads_port, prefork_port = free_port(), free_port()
     multiproc = tmp_path / "prom"
     multiproc.mkdir()
     (multiproc / "stale.db").write_bytes(b"")  # a previous run's file: cleared at start
-    io_env = {
+    threads_env = {
         **env,
-        "WEBCTX_METRICS_PORT": str(io_port),
+        "WEBCTX_METRICS_PORT": str(threads_port),
         "WEBCTX_METRICS_HOST": "127.0.0.1",
         "WEBCTX_LOG_FORMAT": "json",
     }
-    vec_env = {
+    prefork_env = {
         **env,
-        "WEBCTX_METRICS_PORT": str(vec_port),
+        "WEBCTX_METRICS_PORT": str(prefork_port),
         "WEBCTX_METRICS_HOST": "127.0.0.1",
         "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
     }
-    io_worker = start_worker(io_env, "-Q", "search,fetch,embed", "-n", "io@%h", "-c", "8")
-    # Prefork: the task runs in a child; the main process serves the children's sum.
-    start_worker(vec_env, "-Q", "store,rank", "-n", "vec@%h", "--pool", "prefork", "-c", "1")
+    # The vector store's queues need the threads pool (the embedded engine admits one
+    # process); embedding runs anywhere, here in a prefork child, whose metrics the main
+    # process serves summed with its siblings'.
+    threads_worker = start_worker(threads_env, "-Q", "search,fetch,store,rank", "-n",
+                                  "threads@%h", "-c", "8")  # fmt: skip
+    start_worker(prefork_env, "-Q", "embed", "-n", "prefork@%h", "--pool", "prefork", "-c", "1")
     assert not (multiproc / "stale.db").exists()
 
     done = run_cli(env, "research", QUESTION, "--max-sources", "8", "--format", "json")
     assert done.returncode == 0, done.stderr[-3000:]
     bundle = Bundle.model_validate_json(done.stdout)
-    io, vec = scrape(f"http://127.0.0.1:{io_port}/metrics"), scrape(
-        f"http://127.0.0.1:{vec_port}/metrics"
-    )
-    both = [io, vec]
+    threads = scrape(f"http://127.0.0.1:{threads_port}/metrics")
+    prefork = scrape(f"http://127.0.0.1:{prefork_port}/metrics")
+    both = [threads, prefork]
 
     assert total(both, "webctx_jobs_total", status="running") == 1
-    assert value(vec, "webctx_jobs_total", status="succeeded") == 1
+    assert value(threads, "webctx_jobs_total", status="succeeded") == 1
     assert total(both, "webctx_pages_fetched_total") == bundle.stats.fetched > 0
     reasons = collections.Counter((f.stage, f.reason) for f in bundle.failures)
     assert reasons, "the test web's hostile pages should fail"
     for (stage, reason), count in reasons.items():
         assert total(both, "webctx_source_failures_total", stage=stage, reason=reason) == count
     # The embed side sends the chunks and, ahead of rank, the question: rank finds its
-    # vector in the cache, so every request was counted by the io worker.
-    assert value(io, "webctx_tokens_embedded_total") == bundle.stats.tokens_embedded > 0
+    # vector in the cache, so every request was counted by the prefork worker's children.
+    assert value(prefork, "webctx_tokens_embedded_total") == bundle.stats.tokens_embedded > 0
     assert bundle.stats.tokens_embedded > count_tokens(QUESTION)
-    assert value(io, "webctx_embed_requests_total") == bundle.stats.embed_requests
-    assert value(vec, "webctx_tokens_embedded_total") == 0
+    assert value(prefork, "webctx_embed_requests_total") == bundle.stats.embed_requests
+    assert value(threads, "webctx_tokens_embedded_total") == 0
     assert total(both, "webctx_chunks_total") == bundle.stats.chunks
 
     # One histogram observation per task: 1 plan, a search per query, a fetch per URL,
@@ -147,22 +149,22 @@ def test_worker_metrics_match_the_bundle_on_threads_and_prefork_workers(
     def runs(samples: Samples, stage: str) -> float:
         return value(samples, "webctx_stage_duration_seconds_count", stage=stage)
 
-    assert runs(io, "plan") == 1
-    assert runs(io, "search") == bundle.stats.queries
-    assert runs(io, "fetch") == bundle.stats.fetched + sum(
+    assert runs(threads, "plan") == 1
+    assert runs(threads, "search") == bundle.stats.queries
+    assert runs(threads, "fetch") == bundle.stats.fetched + sum(
         1 for f in bundle.failures if f.stage in ("fetch", "extract")
     )
     # (a page whose text another URL of the job got stored first needs neither)
     distinct = len({s.content_sha256 for s in bundle.sources})
-    assert distinct <= runs(io, "embed") <= bundle.stats.fetched
-    assert runs(io, "embed_question") == 1
-    assert distinct <= runs(vec, "store") <= runs(io, "embed")
-    assert runs(vec, "rank") == 1
-    assert value(vec, "webctx_tasks_total", stage="rank", state="success") == 1
-    assert value(io, "webctx_stage_duration_seconds_sum", stage="embed") > 0
+    assert distinct <= runs(prefork, "embed") <= bundle.stats.fetched
+    assert runs(prefork, "embed_question") == 1
+    assert distinct <= runs(threads, "store") <= runs(prefork, "embed")
+    assert runs(threads, "rank") == 1
+    assert value(threads, "webctx_tasks_total", stage="rank", state="success") == 1
+    assert value(prefork, "webctx_stage_duration_seconds_sum", stage="embed") > 0
 
     # JSON logs: every line a task logs names its job and task, passed or not.
-    lines = [json.loads(line) for line in io_worker.log.read_text().splitlines()
+    lines = [json.loads(line) for line in threads_worker.log.read_text().splitlines()
              if line.startswith("{")]
     planned = [x for x in lines if x["msg"] == "job planned"]
     assert planned and planned[0]["job_id"] == bundle.job_id and planned[0]["task_id"]

@@ -15,6 +15,9 @@ from tests.integration.conftest import items_after_a_research_job
 from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
 
+# One xdist worker runs this module: its tests share the broker's queues (by name).
+pytestmark = pytest.mark.xdist_group("rabbitmq")
+
 AMQP_URL = os.environ.get("WEBCTX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 QUEUES = ("search", "fetch", "embed", "rank", "index")
 QUESTION = "how do lithium-ion batteries degrade?"

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import redis
 
+from tests.conftest import redis_url
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.devweb.embeddings import EmbeddingsControl, embeddings_control, make_embeddings_app
 from webctx.devweb.server import LoopbackServer
 
-URL = "redis://127.0.0.1:6379/12"
 MODEL = "text-embedding-3-small"
 HASH = HashEmbedder(dimensions=32)
 WORDS = "celery redis broker worker queue token limit window retry embed vector chunk".split()
@@ -33,14 +33,21 @@ def _texts(worker: int, n: int, words: int) -> list[str]:
 
 
 def run_worker(
-    base_url: str, worker: int, n: int, words: int, limits: dict[str, Any], out: Any, go: Any
+    url: str,
+    base_url: str,
+    worker: int,
+    n: int,
+    words: int,
+    limits: dict[str, Any],
+    out: Any,
+    go: Any,
 ) -> None:
     """One worker process: embed its texts through the shared limiter; report the outcome."""
     from webctx.adapters.openai_embedder import OpenAIEmbedder
     from webctx.ratelimit import RedisRateLimiter, limiter_namespace
     from webctx.stages.embed import embed_with_cache
 
-    client = redis.Redis.from_url(URL)
+    client = redis.Redis.from_url(url)
     limiter = RedisRateLimiter(client, limiter_namespace(base_url, MODEL, "sk-test"), **limits)
     embedder = OpenAIEmbedder(base_url=base_url, api_key="sk-test", model=MODEL)
     go.wait(timeout=30)  # start together, as a busy worker pool would
@@ -70,7 +77,7 @@ def run_worker(
 
 @pytest.fixture
 def flushed() -> Iterator[None]:
-    client = redis.Redis.from_url(URL)
+    client = redis.Redis.from_url(redis_url())
     client.flushdb()
     yield
     client.flushdb()
@@ -94,7 +101,7 @@ def _run(
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Barrier(workers)
     procs = [
-        ctx.Process(target=run_worker, args=(base_url, w, n, words, limits, out, go))
+        ctx.Process(target=run_worker, args=(redis_url(), base_url, w, n, words, limits, out, go))
         for w in range(workers)
     ]
     for p in procs:

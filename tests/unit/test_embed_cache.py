@@ -1,5 +1,5 @@
 """Embedding cache: content-addressed keys, float32 round trip, TTL, and embed_with_cache
-sending only what no job embedded before (real Redis, db 12)."""
+sending only what no job embedded before (real Redis, flushed per test)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ import numpy as np
 import pytest
 import redis
 
+from tests.conftest import redis_url
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.embed_cache import PREFIX, RedisEmbeddingCache, cache_key
 from webctx.stages.embed import CachedEmbedOutcome, embed_with_cache
 from webctx.tokens import count_tokens
 
-URL = "redis://127.0.0.1:6379/12"
-
 
 @pytest.fixture
 def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(URL)
+    client = redis.Redis.from_url(redis_url())
     client.flushdb()
     yield client
     client.flushdb()

@@ -1,6 +1,6 @@
 """Shared Redis rate limiter: both limits, reserve-before-send, 429 pause, header feedback.
 
-Runs on the machine's Redis (db 12, flushed per test): the limiter is Lua, and the real
+Runs on the test Redis (flushed per test): the limiter is Lua, and the real
 server is what the workers share."""
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.conftest import redis_url
 from webctx.errors import ConfigError, RateLimited
 from webctx.ratelimit import RedisRateLimiter, limiter_namespace
-
-URL = "redis://127.0.0.1:6379/12"
 
 
 @pytest.fixture
 def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(URL)
+    client = redis.Redis.from_url(redis_url())
     client.flushdb()
     yield client
     client.flushdb()
