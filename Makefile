@@ -26,8 +26,7 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 check: install
-	$(PY) -m ruff check webctx workers api tests bench celeryconfig.py
-	$(PY) -m mypy webctx workers api celeryconfig.py
+	PY=$(PY) bash scripts/check
 
 bench: install
 	$(PY) bench/vector_store.py --write

@@ -97,12 +97,12 @@ def open_runtime(settings: Settings, *, keys: bool = True) -> Iterator[Runtime]:
                 "API keys live in Redis: set WEBCTX_REDIS_URL (or CELERY_BROKER_URL), "
                 "or WEBCTX_API_AUTH=disabled for keyless local use"
             )
-        from workers.embedded import embedded_worker
+        from webctx.workers.embedded import embedded_worker
 
         with embedded_worker(settings) as deps:
             yield Runtime(settings, deps.jobs, TenantStore(deps.jobs.r))
         return
-    from workers.deps import state_client
+    from webctx.workers.deps import state_client
 
     jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
     try:
@@ -159,7 +159,7 @@ def submit(
     runtime: Runtime, caller: Caller, request: JobRequest, *, idempotency_key: str | None = None
 ) -> tuple[str, bool]:
     """Start a job for the caller; (job id, True if new). Same idempotency key, same job."""
-    from workers.pipeline import submit_job
+    from webctx.workers.pipeline import submit_job
 
     job_id = uuid.uuid4().hex
     if idempotency_key is not None:

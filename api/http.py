@@ -1,7 +1,7 @@
 """The HTTP API: FastAPI app factory, error mapping, and the mounted MCP endpoint.
 
     webctx api --host 127.0.0.1 --port 8000
-    uvicorn --factory api.http:create_app          # or gunicorn -k uvicorn.workers.UvicornWorker
+    uvicorn --factory webctx.api.http:create_app    # or gunicorn -k uvicorn.workers.UvicornWorker
 
 OpenAPI at /openapi.json, docs at /docs, MCP (streamable HTTP) at /mcp.
 """
@@ -21,7 +21,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from api.deps import (
+from webctx.api.deps import (
     Conflict,
     Runtime,
     TooManyRequests,
@@ -41,7 +41,7 @@ from webctx.errors import (
 )
 from webctx.settings import Settings, get_settings
 from webctx.tenants import InvalidTenant
-from workers.metrics import observe_api
+from webctx.workers.metrics import observe_api
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class McpAuth:
         self.fastapi_app = fastapi_app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from api.deps import authenticate
+        from webctx.api.deps import authenticate
 
         if scope["type"] == "http":
             runtime: Runtime = self.fastapi_app.state.runtime
@@ -132,9 +132,9 @@ class McpAuth:
 
 def create_app(settings: Settings | None = None, *, host: str | None = None) -> FastAPI:
     """The API app; `host` is the bind address (default WEBCTX_API_HOST) for the auth switch."""
-    from api.mcp import build_mcp
-    from api.routes import batches, context, health, jobs, sources
-    from api.routes import search as index_search
+    from webctx.api.mcp import build_mcp
+    from webctx.api.routes import batches, context, health, jobs, sources
+    from webctx.api.routes import search as index_search
 
     settings = settings or get_settings()
     check_auth_setting(settings, host or settings.api_host)

@@ -20,7 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field, ValidationError
 
-from api.deps import Caller, Runtime, submit, wait_for_finish
+from webctx.api.deps import Caller, Runtime, submit, wait_for_finish
 from webctx.errors import WebctxError
 from webctx.index import IndexHit
 from webctx.jobs import JobProgress
@@ -220,7 +220,7 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
         published_from: Annotated[str | None, Field(description="YYYY-MM-DD, inclusive.")] = None,
         published_to: Annotated[str | None, Field(description="YYYY-MM-DD, inclusive.")] = None,
     ) -> Annotated[CallToolResult, IndexHits]:
-        from workers.index_tasks import run_search
+        from webctx.workers.index_tasks import run_search
 
         runtime = get_runtime()
         caller = await anyio.to_thread.run_sync(caller_for, runtime, ctx.headers)

@@ -133,7 +133,7 @@ def _env(web: Web, qdrant: Path, *, inflight: int | None) -> dict[str, str]:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "api.cli", *args]
+    cmd = [sys.executable, "-m", "webctx.cli", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
 
 
@@ -156,7 +156,7 @@ class Workers:
             cmd = [
                 sys.executable,
                 "-m",
-                "api.cli",
+                "webctx.cli",
                 "worker",
                 "-Q",
                 queues,

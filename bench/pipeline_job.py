@@ -44,7 +44,7 @@ def _job(env: dict[str, str]) -> tuple[float, Bundle]:
     cmd = [
         sys.executable,
         "-m",
-        "api.cli",
+        "webctx.cli",
         "research",
         QUESTION,
         "--max-sources",
@@ -71,7 +71,7 @@ def _workers(env: dict[str, str], logdir: str) -> list[subprocess.Popen[bytes]]:
                 [
                     sys.executable,
                     "-m",
-                    "api.cli",
+                    "webctx.cli",
                     "worker",
                     "-Q",
                     queues,

@@ -87,7 +87,7 @@ class CliProcess:
         self.log = log
         self._fh = log.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", *args],
+            [sys.executable, "-m", "webctx.cli", *args],
             env=env,
             cwd=ROOT,
             stdout=self._fh,
@@ -156,7 +156,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run `webctx ARGS` in a subprocess and capture its output."""
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", *args],
+        [sys.executable, "-m", "webctx.cli", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

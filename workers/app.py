@@ -1,4 +1,4 @@
-"""The Celery application (`celery -A workers.app worker`)."""
+"""The Celery application (`celery -A webctx.workers.app worker`)."""
 
 import logging
 import threading
@@ -7,15 +7,15 @@ from typing import Any
 
 from celery import Celery, signals
 
-from celeryconfig import INDEX_QUEUE
 from webctx import tokens
 from webctx.allocator import return_freed_memory
 from webctx.errors import ConfigError, WebctxError
-from workers.deps import Deps, worker_deps
-from workers.metrics import install_worker_signals
+from webctx.workers.celeryconfig import INDEX_QUEUE
+from webctx.workers.deps import Deps, worker_deps
+from webctx.workers.metrics import install_worker_signals
 
-app = Celery("webctx", include=["workers.tasks", "workers.index_tasks"])
-app.config_from_object("celeryconfig")
+app = Celery("webctx", include=["webctx.workers.tasks", "webctx.workers.index_tasks"])
+app.config_from_object("webctx.workers.celeryconfig")
 install_worker_signals(app)  # stage metrics, job_id/task_id on log lines, optional tracing
 
 logger = logging.getLogger("webctx.worker")

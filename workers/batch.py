@@ -17,9 +17,9 @@ from webctx.batches import BatchItem, BatchStore, FeedLimits, batch_of_job
 from webctx.jobs import JobStore
 from webctx.models import JobRequest, JobStatus
 from webctx.settings import Settings
-from workers.app import app, broker_priority
-from workers.deps import worker_deps
-from workers.pipeline import submit_job
+from webctx.workers.app import app, broker_priority
+from webctx.workers.deps import worker_deps
+from webctx.workers.pipeline import submit_job
 
 logger = logging.getLogger(__name__)
 _ENDED = {JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value}

@@ -32,8 +32,8 @@ from webctx.index import (
 from webctx.ports import LiveIndexStore
 from webctx.settings import Settings
 from webctx.sources import Source, SourceRegistry
-from workers.app import app
-from workers.deps import Deps, worker_deps
+from webctx.workers.app import app
+from webctx.workers.deps import Deps, worker_deps
 
 logger = logging.getLogger(__name__)
 RUN_TTL_S = 24 * 3600

@@ -269,7 +269,7 @@ class MetricsEndpoint:
 
 def observe_api(fastapi_app: Any) -> None:
     """Give the API app `/metrics` (with queue depths) and, with WEBCTX_OTEL, traces."""
-    from workers.app import app as celery_app
+    from webctx.workers.app import app as celery_app
 
     observe_jobs()
     endpoint = MetricsEndpoint(queue_depths=QueueDepthCollector(celery_app))

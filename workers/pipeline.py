@@ -21,7 +21,7 @@ from celery import group
 from webctx.jobs import JobStore
 from webctx.models import Failure, JobRequest, JobStatus
 from webctx.stages.search import merge_results
-from workers.app import app, broker_priority
+from webctx.workers.app import app, broker_priority
 
 
 def submit_job(

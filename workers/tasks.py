@@ -24,9 +24,9 @@ from webctx.stages.fetch import extract_page
 from webctx.stages.plan import LLMPlanner, plan_queries
 from webctx.stages.search import search_query
 from webctx.staging import ChunkStaging
-from workers import pipeline
-from workers.app import app
-from workers.deps import Deps, worker_deps
+from webctx.workers import pipeline
+from webctx.workers.app import app
+from webctx.workers.deps import Deps, worker_deps
 
 logger = logging.getLogger(__name__)
 MAX_RETRIES = 5

@@ -10,8 +10,8 @@ import anyio.to_thread
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from api.deps import CallerDep, Conflict, Runtime, RuntimeDep
-from api.routes.jobs import ERRORS
+from webctx.api.deps import CallerDep, Conflict, Runtime, RuntimeDep
+from webctx.api.routes.jobs import ERRORS
 from webctx.batches import (
     BatchConflict,
     BatchItem,
@@ -88,7 +88,7 @@ async def create_batch(
     items = _items(body, token_budget, max_sources)
 
     def submit() -> tuple[str, bool]:
-        from workers.batch import submit_batch
+        from webctx.workers.batch import submit_batch
 
         try:
             return submit_batch(runtime.jobs, runtime.settings, caller.tenant, name, items)
@@ -105,7 +105,7 @@ async def create_batch(
 @router.get("/batches/{batch_id}", responses=ERRORS)
 def read_batch(batch_id: BatchId, caller: CallerDep, runtime: RuntimeDep) -> BatchStatus:
     """Counts (queued, running, done, failed), ETA, and accounting of a batch."""
-    from workers.batch import feed_batch
+    from webctx.workers.batch import feed_batch
 
     _owned(runtime, caller.tenant, batch_id)
     feed_batch(runtime.jobs, runtime.settings, batch_id)  # reading also moves a batch

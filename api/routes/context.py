@@ -9,8 +9,15 @@ from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from api.deps import CallerDep, RuntimeDep, submit, wait_for_finish
-from api.routes.jobs import ERRORS, JobOut, JobSubmit, OutputFormat, job_out, markdown_response
+from webctx.api.deps import CallerDep, RuntimeDep, submit, wait_for_finish
+from webctx.api.routes.jobs import (
+    ERRORS,
+    JobOut,
+    JobSubmit,
+    OutputFormat,
+    job_out,
+    markdown_response,
+)
 from webctx.models import Bundle
 
 router = APIRouter(prefix="/v1", tags=["context"])

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api.deps import Runtime, RuntimeDep
+from webctx.api.deps import Runtime, RuntimeDep
 
 router = APIRouter(tags=["health"])
 
@@ -70,14 +70,14 @@ def _probe(check: Callable[[], object]) -> str:
 
 
 def _ping_broker() -> None:
-    from workers.app import app
+    from webctx.workers.app import app
 
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=2)
 
 
 def _ping_backend() -> None:
-    from workers.app import app
+    from webctx.workers.app import app
 
     url = str(app.conf.result_backend or "")
     if url.startswith(("redis://", "rediss://")):

@@ -13,7 +13,7 @@ from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import (
+from webctx.api.deps import (
     CallerDep,
     Conflict,
     Runtime,

@@ -9,8 +9,8 @@ import anyio.to_thread
 from celery.exceptions import TimeoutError as CeleryTimeout
 from fastapi import APIRouter, Query
 
-from api.deps import CallerDep, RuntimeDep
-from api.routes.jobs import ERRORS
+from webctx.api.deps import CallerDep, RuntimeDep
+from webctx.api.routes.jobs import ERRORS
 from webctx.errors import ProviderUnavailable
 from webctx.index import IndexHit
 
@@ -31,7 +31,7 @@ async def search(
     published_to: Annotated[dt.date | None, Query(description="Published on/before.")] = None,
 ) -> list[IndexHit]:
     """The best chunks of the caller's indexed pages for `q`, with their pages' metadata."""
-    from workers.index_tasks import run_search
+    from webctx.workers.index_tasks import run_search
 
     filters = {
         "site": site,

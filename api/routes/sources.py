@@ -8,8 +8,8 @@ import anyio.to_thread
 from fastapi import APIRouter, Path, Response, status
 from pydantic import BaseModel, Field
 
-from api.deps import CallerDep, RuntimeDep
-from api.routes.jobs import ERRORS
+from webctx.api.deps import CallerDep, RuntimeDep
+from webctx.api.routes.jobs import ERRORS
 from webctx.errors import JobNotFound
 from webctx.sources import Source, SourceRegistry, parse_interval
 
@@ -62,7 +62,7 @@ async def list_sources(runtime: RuntimeDep, caller: CallerDep) -> list[Source]:
 @router.delete("/sources/{source_id}", status_code=204, responses=ERRORS)
 async def remove_source(source_id: SourceRef, runtime: RuntimeDep, caller: CallerDep) -> Response:
     """Unregister a source; its pages leave the index."""
-    from workers.index_tasks import forget
+    from webctx.workers.index_tasks import forget
 
     source = await anyio.to_thread.run_sync(
         SourceRegistry(runtime.jobs.r).remove, caller.tenant, source_id
@@ -79,7 +79,7 @@ async def remove_source(source_id: SourceRef, runtime: RuntimeDep, caller: Calle
 @router.post("/sources/refresh", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)
 async def refresh_sources(body: RefreshIn, runtime: RuntimeDep, caller: CallerDep) -> RunOut:
     """Re-index now, outside the schedule; poll the run for the reports."""
-    from workers.index_tasks import run_status, start_refresh
+    from webctx.workers.index_tasks import run_status, start_refresh
 
     registry = SourceRegistry(runtime.jobs.r)
     chosen = await anyio.to_thread.run_sync(registry.list_for, caller.tenant)
@@ -95,7 +95,7 @@ async def refresh_sources(body: RefreshIn, runtime: RuntimeDep, caller: CallerDe
 @router.get("/sources/runs/{run_id}", responses=ERRORS)
 async def read_run(run_id: RunId, runtime: RuntimeDep, caller: CallerDep) -> RunOut:
     """A re-index run's progress and reports."""
-    from workers.index_tasks import run_status
+    from webctx.workers.index_tasks import run_status
 
     found = await anyio.to_thread.run_sync(run_status, runtime.jobs.r, run_id)
     if found is None or found["tenant"] != caller.tenant:

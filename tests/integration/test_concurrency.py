@@ -31,7 +31,7 @@ def _research_at_once(env: dict[str, str], questions: list[str]) -> list[Finishe
     started = time.monotonic()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "research", q, "--max-sources", "10"],
+            [sys.executable, "-m", "webctx.cli", "research", q, "--max-sources", "10"],
             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for q in questions
@@ -90,7 +90,7 @@ def test_a_store_worker_that_cannot_open_the_store_exits_with_one_clear_line(
     env = clean_env(CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
     start_worker(env, "-Q", "store,rank")
     second = subprocess.run(
-        [sys.executable, "-m", "api.cli", "worker", "-Q", "store,rank"],
+        [sys.executable, "-m", "webctx.cli", "worker", "-Q", "store,rank"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert second.returncode != 0

@@ -108,7 +108,7 @@ class BackgroundCli:
 
     def __init__(self, env: dict[str, str], tmp: Path, name: str, *args: str) -> None:
         self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
-        cmd = [sys.executable, "-m", "api.cli", "research", QUESTION, *args]
+        cmd = [sys.executable, "-m", "webctx.cli", "research", QUESTION, *args]
         with self.out.open("wb") as out, self.err.open("wb") as err:
             self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=err)
 

@@ -96,7 +96,7 @@ async def test_mcp_over_stdio_answers_with_the_embedded_worker(
 ) -> None:
     env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "api.cli", "mcp"], env=env, cwd=str(ROOT)
+        command=sys.executable, args=["-m", "webctx.cli", "mcp"], env=env, cwd=str(ROOT)
     )
     async with Client(params, read_timeout_seconds=120) as client:
         names = {t.name for t in (await client.list_tools()).tools}

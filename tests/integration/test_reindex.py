@@ -91,8 +91,8 @@ class Beat:
         self.log = tmp / f"beat-{n}.log"
         self._fh = self.log.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
-             "--schedule", str(tmp / f"beat-{n}.db")],  # fmt: skip
+            [sys.executable, "-m", "celery", "-A", "webctx.workers.app", "beat",
+             "--loglevel", "INFO", "--schedule", str(tmp / f"beat-{n}.db")],  # fmt: skip
             env=env, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

@@ -4,7 +4,8 @@ delivery guarantees the tasks rely on (TRAPS 1, 2, 5)."""
 from __future__ import annotations
 
 import celeryconfig
-from workers.app import app
+from webctx.workers import celeryconfig as settings_module
+from webctx.workers.app import app
 
 STAGES = {"webctx.plan": "search", "webctx.search": "search", "webctx.fetch": "fetch",
           "webctx.embed": "embed", "webctx.embed_question": "embed", "webctx.store": "store",
@@ -12,7 +13,7 @@ STAGES = {"webctx.plan": "search", "webctx.search": "search", "webctx.fetch": "f
 
 
 def test_each_stage_task_routes_to_its_own_queue_binding() -> None:
-    queues = {q.name: q for q in celeryconfig.task_queues}
+    queues = {q.name: q for q in settings_module.task_queues}
     bindings = {(q.exchange.name, q.routing_key) for q in queues.values()}
     assert len(bindings) == len(queues), "two queues share an exchange+key: messages duplicate"
     for task, queue in STAGES.items():
@@ -31,6 +32,13 @@ def test_tasks_are_acked_late_and_redelivered_when_the_worker_dies() -> None:
 
 
 def test_every_stage_task_is_registered() -> None:
-    import workers.tasks  # noqa: F401
+    import webctx.workers.tasks  # noqa: F401
 
     assert set(STAGES) <= set(app.tasks)
+
+
+def test_the_checkout_celeryconfig_reexports_the_installed_settings() -> None:
+    names = [n for n in vars(settings_module) if not n.startswith("_") and n.islower()]
+    assert "task_routes" in names and "broker_url" in names
+    for name in names:
+        assert getattr(celeryconfig, name) is getattr(settings_module, name), name

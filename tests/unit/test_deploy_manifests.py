@@ -87,7 +87,7 @@ def test_compose_runs_a_worker_per_stage_with_the_right_pool_and_qdrant_server()
         assert ("PROMETHEUS_MULTIPROC_DIR" in env) == (pool == "prefork")
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
     assert services["beat"]["entrypoint"] == ["celery"]
-    assert services["beat"]["command"][:3] == ["-A", "workers.app", "beat"]
+    assert services["beat"]["command"][:3] == ["-A", "webctx.workers.app", "beat"]
     assert "--appendonly yes" in " ".join(services["redis"]["command"])
     mounts = {v["target"]: v["source"] for v in services["qdrant"]["volumes"]}
     assert mounts["/qdrant/storage"] == "qdrant-data"
@@ -223,7 +223,7 @@ def test_kubectl_kustomize_renders_what_the_loader_renders(tree: str) -> None:
 
 # -- dashboard ---------------------------------------------------------------------------------
 def test_dashboard_charts_every_webctx_metric_and_only_those() -> None:
-    from workers import metrics
+    from webctx.workers import metrics
 
     dashboard = json.loads((DEPLOY / "grafana" / "webctx-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])

@@ -27,7 +27,7 @@ from webctx.ports import IndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
 from webctx.sources import Source, SourceRegistry
 from webctx.stages.store import make_points
-from workers.index_tasks import index_context
+from webctx.workers.index_tasks import index_context
 
 TENANT = "acme"
 BASE = "https://site.test"
@@ -313,11 +313,11 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
 ) -> None:
     from mcp import Client
 
-    from api.deps import Runtime
-    from api.mcp import build_mcp
+    from webctx.api.deps import Runtime
+    from webctx.api.mcp import build_mcp
     from webctx.settings import Settings
     from webctx.tenants import TenantStore
-    from workers.deps import Deps, set_deps
+    from webctx.workers.deps import Deps, set_deps
 
     settings = Settings(redis_url=redis_url(), embedding_provider="hash",
                         qdrant_path=tmp_path / "q", local_tenant=TENANT)  # fmt: skip

@@ -11,8 +11,8 @@ from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.errors import ProviderError
 from webctx.models import JobRequest, JobStatus, ScoredChunk
 from webctx.settings import Settings
-from workers import tasks
-from workers.deps import build_deps, set_deps
+from webctx.workers import tasks
+from webctx.workers.deps import build_deps, set_deps
 
 
 class RefusingStore(MemoryVectorStore):

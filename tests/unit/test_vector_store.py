@@ -470,7 +470,7 @@ def test_datatype_setting_shapes_the_embedded_shard_build_store_creates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str | None, stored: str
 ) -> None:
     from webctx.settings import Settings
-    from workers.deps import build_store
+    from webctx.workers.deps import build_store
 
     if env is None:
         monkeypatch.delenv("WEBCTX_QDRANT_VECTOR_DATATYPE", raising=False)

@@ -49,7 +49,7 @@ def run_demo(question: str, *, fmt: str = "markdown") -> int:
         cmd = [
             sys.executable,
             "-m",
-            "api.cli",
+            "webctx.cli",
             "research",
             question,
             "--format",

@@ -16,6 +16,7 @@ import typer
 from kombu.exceptions import OperationalError
 
 from webctx.batches import BatchItem, BatchStatus, BatchStore, parse_items
+from webctx.cli.common import fail
 from webctx.errors import WebctxError
 from webctx.jobs import JobStore
 from webctx.settings import Settings, get_settings
@@ -28,11 +29,6 @@ class StatusFormat(StrEnum):
 
     json = "json"
     text = "text"
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def describe(s: BatchStatus) -> str:
@@ -50,27 +46,27 @@ def _read_items(path: Path, token_budget: int | None, max_sources: int | None) -
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(f"cannot read {path}: {exc}") from exc
+        raise fail(f"cannot read {path}: {exc}") from exc
     try:
         return parse_items(lines, token_budget=token_budget, max_sources=max_sources)
     except WebctxError as exc:
-        raise _fail(f"{path}: {exc}") from exc
+        raise fail(f"{path}: {exc}") from exc
 
 
 @contextmanager
 def _jobs(settings: Settings) -> Iterator[JobStore]:
     """The job store of broker mode (batch state lives in Redis)."""
-    from workers.deps import state_client
+    from webctx.workers.deps import state_client
 
     if not settings.state_url():
-        raise _fail("batch state lives in Redis: set CELERY_BROKER_URL (or WEBCTX_REDIS_URL)")
+        raise fail("batch state lives in Redis: set CELERY_BROKER_URL (or WEBCTX_REDIS_URL)")
     jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
     try:
         yield jobs
     except WebctxError as exc:
-        raise _fail(str(exc), code=1) from exc
+        raise fail(str(exc), code=1) from exc
     except (redis.RedisError, OperationalError) as exc:
-        raise _fail(f"broker or job state store unreachable: {exc}", code=1) from exc
+        raise fail(f"broker or job state store unreachable: {exc}", code=1) from exc
     finally:
         jobs.r.close()
 
@@ -89,15 +85,15 @@ def submit(
     ] = None,
 ) -> None:
     """Submit a batch and print its id; with --wait, wait for every item and write results."""
-    from workers.batch import feed_batch, submit_batch
+    from webctx.workers.batch import feed_batch, submit_batch
 
     items = _read_items(file, token_budget, max_sources)  # refused before anything is queued
     settings = get_settings()
     tenant = settings.local_tenant
     if settings.embedded:
         if not wait:
-            raise _fail("without a broker a batch runs only while `--wait` waits: add --wait")
-        from workers.embedded import embedded_worker
+            raise fail("without a broker a batch runs only while `--wait` waits: add --wait")
+        from webctx.workers.embedded import embedded_worker
 
         try:
             with embedded_worker(settings) as deps:
@@ -105,7 +101,7 @@ def submit(
                 typer.echo(batch_id, err=out is None)
                 _wait_and_write(deps.jobs, settings, batch_id, out, feed_batch)
         except WebctxError as exc:
-            raise _fail(str(exc), code=1) from exc
+            raise fail(str(exc), code=1) from exc
         return
     with _jobs(settings) as jobs:
         batch_id, created = submit_batch(jobs, settings, tenant, name, items)
@@ -134,7 +130,7 @@ def _wait_and_write(
     _write_results(store, batch_id, out)
     typer.echo(json.dumps({"batch": batch_id, **_summary(status)}), err=True)
     if status.state == "cancelled":
-        raise _fail(f"batch {batch_id} was cancelled", code=1)
+        raise fail(f"batch {batch_id} was cancelled", code=1)
 
 
 def _summary(status: BatchStatus) -> dict[str, object]:
@@ -190,7 +186,7 @@ def status(
     format: Annotated[StatusFormat, typer.Option("--format", "-f")] = StatusFormat.json,
 ) -> None:
     """Print a batch's counts, ETA and accounting."""
-    from workers.batch import feed_batch
+    from webctx.workers.batch import feed_batch
 
     settings = get_settings()
     with _jobs(settings) as jobs:

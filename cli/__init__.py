@@ -1,0 +1,1 @@
+"""The `webctx` command line (typer), one module per command group."""

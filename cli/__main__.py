@@ -1,0 +1,5 @@
+"""`python -m webctx.cli ...`: the `webctx` command."""
+
+from webctx.cli.main import main
+
+main()

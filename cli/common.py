@@ -1,0 +1,45 @@
+"""What the command groups share: the error exit, bundle output, the state Redis."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+
+import redis
+import typer
+
+from webctx.models import Bundle
+from webctx.settings import Settings
+
+
+class OutputFormat(StrEnum):
+    """How a bundle is printed."""
+
+    json = "json"
+    markdown = "markdown"
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print `error: message` on stderr; the exit to raise (2: usage, 1: the work failed)."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def print_bundle(bundle: Bundle, fmt: OutputFormat) -> None:
+    """Write a bundle to stdout as JSON or Markdown."""
+    if fmt is OutputFormat.markdown:
+        from webctx.stages.bundle import render_markdown
+
+        sys.stdout.write(render_markdown(bundle) + "\n")
+    else:
+        sys.stdout.write(bundle.model_dump_json(indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def state_redis(settings: Settings, *, missing: str) -> redis.Redis:
+    """The state Redis of broker mode; exit 2 with the `missing` message when none is set."""
+    from webctx.workers.deps import state_client
+
+    if not settings.state_url():
+        raise fail(missing)
+    return state_client(settings)

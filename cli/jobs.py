@@ -1,0 +1,140 @@
+"""`webctx research`, `webctx status`, `webctx bundle`: one research job from the shell."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated
+
+import redis
+import typer
+from kombu.exceptions import OperationalError
+from pydantic import ValidationError
+
+from webctx.cli.common import OutputFormat, fail, print_bundle
+from webctx.errors import JobNotFound, WebctxError
+from webctx.jobs import JobProgress, JobStore
+from webctx.models import JobRequest, JobStatus
+from webctx.settings import get_settings
+
+
+def _request(
+    question: str, *, max_sources: int, top_k: int, token_budget: int, max_queries: int
+) -> JobRequest:
+    try:
+        return JobRequest(
+            question=question,
+            max_sources=max_sources,
+            top_k=top_k,
+            token_budget=token_budget,
+            max_queries=max_queries,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise fail(f"invalid request: {problems}") from exc
+
+
+def research(
+    question: Annotated[str, typer.Argument(help="The research question.")],
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
+    max_sources: Annotated[int, typer.Option(help="Pages to fetch at most.")] = 10,
+    top_k: Annotated[int, typer.Option(help="Chunks in the bundle at most.")] = 60,
+    token_budget: Annotated[int, typer.Option(help="Tokens of chunk text at most.")] = 3000,
+    max_queries: Annotated[int, typer.Option(help="Search queries planned at most.")] = 4,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and exit.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds to wait for the job.")] = None,
+) -> None:
+    """Research a question and print its cited context bundle."""
+    from webctx.workers.pipeline import submit_job
+
+    request = _request(
+        question,
+        max_sources=max_sources,
+        top_k=top_k,
+        token_budget=token_budget,
+        max_queries=max_queries,
+    )
+    settings = get_settings()
+    wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
+    try:
+        if settings.embedded:
+            if no_wait:
+                raise fail(
+                    "--no-wait needs a broker (CELERY_BROKER_URL); embedded jobs "
+                    "live only as long as this command"
+                )
+            from webctx.workers.embedded import embedded_worker
+
+            with embedded_worker(settings) as deps:
+                job_id = submit_job(deps.jobs, request, timeout_s=settings.job_timeout_s)
+                _wait_and_print(deps.jobs, job_id, format, wait_s)
+            return
+        from webctx.workers.deps import state_client
+
+        jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
+        job_id = submit_job(jobs, request, timeout_s=settings.job_timeout_s)
+        if no_wait:
+            typer.echo(job_id)
+            return
+        _wait_and_print(jobs, job_id, format, wait_s)
+    except WebctxError as exc:
+        raise fail(str(exc), code=1) from exc
+    except (redis.RedisError, OperationalError) as exc:
+        raise fail(f"broker or job state store unreachable: {exc}", code=1) from exc
+
+
+def _poller(jobs: JobStore, job_id: str) -> Callable[[], JobProgress]:
+    """Poll the job's progress; ride out a Redis outage (the wait's timeout bounds it), and
+    say so clearly when Redis came back without the job's state."""
+    last = [JobProgress(job_id=job_id, status=JobStatus.QUEUED)]
+
+    def poll() -> JobProgress:
+        try:
+            last[0] = jobs.progress(job_id)
+        except JobNotFound as exc:
+            raise WebctxError(
+                f"job {job_id}: job state lost (Redis restarted without persistence?); resubmit"
+            ) from exc
+        except redis.RedisError:
+            pass  # Redis restarting: keep the last progress until the deadline
+        return last[0]
+
+    return poll
+
+
+def _wait_and_print(jobs: JobStore, job_id: str, fmt: OutputFormat, wait_s: float) -> None:
+    from webctx.cli.progress import wait_for_job
+
+    progress = wait_for_job(_poller(jobs, job_id), timeout_s=wait_s)
+    bundle = jobs.bundle(job_id)
+    if bundle is not None:
+        print_bundle(bundle, fmt)
+    if progress.status is not JobStatus.SUCCEEDED:
+        raise fail(f"job {job_id} {progress.status.value}: {progress.error or ''}", code=1)
+
+
+def status(job_id: str) -> None:
+    """Print a job's progress as JSON (broker mode)."""
+    from webctx.workers.deps import state_client
+
+    settings = get_settings()
+    try:
+        progress = JobStore(state_client(settings)).progress(job_id)
+    except WebctxError as exc:
+        raise fail(str(exc), code=1) from exc
+    typer.echo(json.dumps({**progress.__dict__, "status": progress.status.value}))
+
+
+def bundle(
+    job_id: str,
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
+) -> None:
+    """Print a finished job's bundle (broker mode)."""
+    from webctx.workers.deps import state_client
+
+    found = JobStore(state_client(get_settings())).bundle(job_id)
+    if found is None:
+        raise fail(f"job {job_id} has no bundle (unknown, expired or still running)", code=1)
+    print_bundle(found, format)

@@ -1,0 +1,97 @@
+"""`webctx worker`, `webctx api`, `webctx mcp`, `webctx demo`: the long-running processes."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from webctx.cli.common import OutputFormat, fail
+from webctx.errors import WebctxError
+from webctx.settings import get_settings
+
+
+def worker(ctx: typer.Context) -> None:
+    """Start a worker: `celery -A webctx.workers.app worker` with the same options.
+
+    Defaults to the threads pool (the stages are I/O-bound and the embedded vector
+    store admits one process); pass --pool/-P to choose another.
+    """
+    settings = get_settings()
+    if settings.embedded:
+        raise fail("set CELERY_BROKER_URL: a worker needs a broker to take jobs from")
+    from webctx.workers.app import app
+
+    args = list(ctx.args)
+    if not any(a.startswith(("--pool", "-P")) for a in args):
+        args += ["--pool", "threads"]
+    if not any(a.startswith(("--concurrency", "-c")) for a in args):
+        args += ["--concurrency", str(settings.worker_concurrency)]
+    if not any(a.startswith(("--hostname", "-n")) for a in args):
+        # Celery's default, celery@<host>, is the same for every worker on a host: replies
+        # to `celery inspect` mix and Celery warns of duplicate node names.
+        args += ["--hostname", f"webctx-{os.getpid()}@%h"]
+    from celery.bin.celery import celery as celery_cli
+
+    # As `app.start` does, but keeping the worker's exit code (click returns it, without
+    # raising, when not in standalone mode, and `app.start` drops it).
+    celery_cli.params[0].default = app
+    code = celery_cli.main(args=["worker", *args], standalone_mode=False)
+    if code:
+        raise typer.Exit(code)
+
+
+def demo(
+    question: Annotated[str, typer.Argument()] = "how do lithium-ion batteries degrade?",
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.markdown,
+) -> None:
+    """Run a full job offline against the bundled demo web, and verify its citations."""
+    from webctx.demo.run import run_demo
+
+    raise typer.Exit(run_demo(question, fmt=format.value))
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind address [WEBCTX_API_HOST].")] = None,
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+) -> None:
+    """Serve the HTTP jobs API (and MCP at /mcp) with uvicorn."""
+    import uvicorn
+
+    from webctx.api.http import create_app
+
+    settings = get_settings()
+    bind = host or settings.api_host
+    try:
+        app = create_app(settings, host=bind)
+    except WebctxError as exc:
+        raise fail(str(exc)) from exc
+    if settings.log_format == "json":
+        from webctx.logging import configure_logging
+
+        configure_logging(json=True, level=settings.log_level)
+        # uvicorn's own logging config would replace the JSON handler.
+        uvicorn.run(app, host=bind, port=port, log_config=None)
+    else:
+        uvicorn.run(app, host=bind, port=port, log_level="info")
+
+
+def mcp(
+    http: Annotated[bool, typer.Option("--http", help="Streamable HTTP instead of stdio.")] = False,
+    host: Annotated[str | None, typer.Option(help="Bind address with --http.")] = None,
+    port: Annotated[int, typer.Option(help="Port with --http.")] = 8000,
+) -> None:
+    """Serve the MCP tools: stdio (default) or streamable HTTP at /mcp (API keys)."""
+    if http:
+        api(host=host, port=port)
+        return
+    from webctx.api.deps import open_runtime
+    from webctx.api.mcp import run_stdio
+
+    settings = get_settings()
+    try:
+        with open_runtime(settings, keys=False) as runtime:
+            run_stdio(runtime)
+    except WebctxError as exc:
+        raise fail(str(exc)) from exc

@@ -1,0 +1,115 @@
+"""Celery settings, read from webctx's one Settings object.
+
+With no broker configured the app runs on kombu's in-memory transport inside the
+`webctx research` process (the embedded default).
+"""
+
+from kombu.entity import Exchange, Queue
+
+from webctx.errors import ConfigError
+from webctx.settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.broker_url or "memory://localhost/"
+if broker_url.startswith("redis://"):
+    # kombu's Redis transport, fixed so workers survive a Redis restart (workers/broker.py).
+    broker_transport = "webctx.workers.broker:RedisTransport"
+result_backend = _settings.result_backend or (
+    _settings.broker_url
+    if _settings.broker_url and _settings.broker_url.startswith("redis")
+    else "cache+memory://"
+)
+
+# Tasks are idempotent, so they ack late and are redelivered when a worker dies (TRAPS 1).
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 1
+task_ignore_result = True  # results live in the job store; nothing reads task results
+result_expires = 3600
+worker_cancel_long_running_tasks_on_connection_loss = True
+broker_connection_retry_on_startup = True
+
+# Above every task's hard time limit (TRAPS 2), set alike for broker and result backend.
+# It also decides how soon the tasks of a SIGKILLed worker run again, so kombu's sweep
+# for expired unacked messages runs every few seconds instead of every 100 s (its default
+# is an interval of 10 s times a throttle of 10).
+_VISIBILITY_S = _settings.visibility_timeout_s
+if _settings.task_time_limit_s >= _VISIBILITY_S:
+    raise ConfigError(
+        f"WEBCTX_TASK_TIME_LIMIT_S ({_settings.task_time_limit_s}) must stay below "
+        f"WEBCTX_VISIBILITY_TIMEOUT_S ({_VISIBILITY_S}): a running task would be redelivered"
+    )
+broker_transport_options = {
+    "visibility_timeout": _VISIBILITY_S,
+    "unacked_restore_interval": max(1, min(10, _VISIBILITY_S // 5)),
+    "unacked_restore_throttle": 1,
+    "socket_timeout": 30,  # a half-open broker connection must not block a publish forever
+    "socket_connect_timeout": 10,
+    "health_check_interval": 10,
+    # Batch items' tasks carry a low priority (WEBCTX_BATCH__PRIORITY); a Redis worker
+    # polls each queue's priority-0 list (interactive jobs) before the others.
+    "priority_steps": [0, 3, 6, 9],
+}
+if broker_url.startswith("memory://"):
+    # The in-process broker is polled; kombu's 1 s default costs up to a second at every
+    # stage hand-off of an embedded job.
+    broker_transport_options["polling_interval"] = 0.05
+result_backend_transport_options = {"visibility_timeout": _VISIBILITY_S}
+visibility_timeout = _VISIBILITY_S
+task_time_limit = _settings.task_time_limit_s
+task_soft_time_limit = max(1, task_time_limit * 9 // 10)
+# Lost broker: keep reconnecting (Redis restarted); running tasks are cancelled and, being
+# unacked, come back after the visibility timeout when the broker kept them (TRAPS 3).
+broker_connection_retry = True
+broker_connection_max_retries = None  # forever, with Celery's capped backoff
+
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+
+# One queue per stage, so each can be scaled alone.
+STAGE_QUEUES = ("search", "fetch", "embed", "store", "rank")
+task_default_queue = "search"
+task_default_exchange = "search"
+task_default_routing_key = "search"
+# Each queue gets its own exchange and routing key: bare Queue(name) objects would all
+# bind to the default exchange with the default key, and every message would be
+# delivered to every queue.
+# On RabbitMQ a queue orders messages by priority only when declared with x-max-priority
+# (and an existing queue keeps the arguments it was declared with: delete it to change them).
+AMQP = broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
+MAX_PRIORITY = 9  # webctx priorities are 0-9 (webctx.workers.app.broker_priority)
+_queue_arguments = {"x-max-priority": MAX_PRIORITY} if AMQP else None
+# The index's own queue (docs/index.md): re-index runs must not delay research jobs' stages.
+INDEX_QUEUE = "index"
+task_queues = [
+    Queue(name, Exchange(name), routing_key=name, queue_arguments=_queue_arguments)
+    for name in (*STAGE_QUEUES, INDEX_QUEUE)
+]
+task_routes = {
+    "webctx.plan": {"queue": "search"},
+    "webctx.search": {"queue": "search"},
+    "webctx.fetch": {"queue": "fetch"},
+    "webctx.embed": {"queue": "embed"},
+    "webctx.embed_question": {"queue": "embed"},
+    # store and rank are the only stages that open the vector store (the embedded engine
+    # admits one process: give it `-Q store,rank`, and every other queue to any worker).
+    "webctx.store": {"queue": "store"},
+    "webctx.rank": {"queue": "rank"},
+    "webctx.index.*": {"queue": INDEX_QUEUE},
+}
+# Celery beat only sends ticks; the schedule itself (each source's next due time) lives in
+# Redis (webctx/sources.py), so it survives restarts, and each due run is claimed with
+# SET NX: a second beat started by mistake doubles the ticks, never the runs.
+beat_schedule = {
+    "webctx-index-tick": {
+        "task": "webctx.index.tick",
+        "schedule": _settings.index.tick_s,
+        "options": {"expires": _settings.index.tick_s},  # a backlog of ticks is pointless
+    }
+}
+task_routes["webctx.batch_feed"] = {"queue": "rank"}
+task_inherit_parent_priority = True  # a batch item's tasks all keep its low priority
+imports = ["webctx.workers.batch"]  # the batch feeder task and its job observer
+worker_hijack_root_logger = False
