@@ -17,13 +17,16 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/webctx demo
 
-# The whole suite, in parallel: each xdist worker has its own Redis database (tests/conftest.py).
-# Integration tests mostly wait on worker processes, so more workers than cores pay off.
+# The whole suite: in parallel (each xdist worker has its own Redis database, see
+# tests/conftest.py; integration tests mostly wait on worker processes, so more workers than
+# cores pay off), then alone the few tests that assert sub-second timing (marker `serial`).
 TEST_WORKERS ?= 4
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
 test: install
 	bash scripts/ensure-redis
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(PYTEST) -m serial
 
 check: install
 	PY=$(PY) bash scripts/check

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,14 +20,41 @@ from webctx.models import Bundle
 pytestmark = pytest.mark.xdist_group("rabbitmq")
 
 AMQP_URL = os.environ.get("WEBCTX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-QUEUES = ("search", "fetch", "embed", "rank", "index")
+QUEUES = ("search", "fetch", "embed", "store", "rank", "index")
 QUESTION = "how do lithium-ion batteries degrade?"
 
 
-def _delete_queues() -> None:
+def _rabbitmqctl(*args: str) -> bool:
+    """Run rabbitmqctl on this machine's broker; False when it cannot (absent, no rights)."""
+    try:
+        done = subprocess.run(["rabbitmqctl", *args], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def amqp_url() -> Iterator[str]:
+    """A vhost of this test process when rabbitmqctl can make one (queues are named by stage,
+    so another run's workers would take this run's tasks, and its clean-up delete them),
+    else the broker's default vhost."""
+    vhost = f"webctx-test-{os.getpid()}"
+    granted = _rabbitmqctl("add_vhost", vhost) and _rabbitmqctl(
+        "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"
+    )
+    if not granted:
+        yield AMQP_URL
+        return
+    try:
+        yield AMQP_URL.rstrip("/") + "/" + vhost
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)
+
+
+def _delete_queues(url: str) -> None:
     """Delete webctx's queues: gone with their messages, and declared anew (with the
     arguments of this version, x-max-priority) by the next worker."""
-    with Connection(AMQP_URL, connect_timeout=5) as conn:
+    with Connection(url, connect_timeout=5) as conn:
         for queue in QUEUES:
             channel = conn.channel()
             try:
@@ -38,14 +66,14 @@ def _delete_queues() -> None:
 
 
 @pytest.fixture
-def rabbitmq() -> Iterator[str]:
+def rabbitmq(amqp_url: str) -> Iterator[str]:
     """The machine's RabbitMQ, with webctx's queues deleted before and after the test."""
     try:
-        _delete_queues()
+        _delete_queues(amqp_url)
     except OSError as exc:
-        pytest.fail(f"no RabbitMQ at {AMQP_URL}: {exc}")
-    yield AMQP_URL
-    _delete_queues()  # the held deadline watchdog went back to its queue at worker stop
+        pytest.fail(f"no RabbitMQ at {amqp_url}: {exc}")
+    yield amqp_url
+    _delete_queues(amqp_url)  # the held deadline watchdog went back to its queue at worker stop
 
 
 def test_job_runs_through_rabbitmq_with_job_state_in_redis(
@@ -58,7 +86,7 @@ def test_job_runs_through_rabbitmq_with_job_state_in_redis(
         WEBCTX_QDRANT_PATH=str(tmp_path / "q"),
     )
     worker = start_worker(env, "-c", "8")
-    assert b"amqp://guest:**@127.0.0.1:5672//" in worker.log.read_bytes()
+    assert b"Connected to amqp://guest:**@127.0.0.1:5672/" in worker.log.read_bytes()
     done = run_cli(env, "research", QUESTION, "--max-sources", "8", "--format", "json")
     assert done.returncode == 0, done.stderr[-3000:]
     bundle = Bundle.model_validate_json(done.stdout)

@@ -20,6 +20,9 @@ from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.devweb.embeddings import EmbeddingsControl, embeddings_control, make_embeddings_app
 from webctx.devweb.server import LoopbackServer
 
+# The server's 1 s window judges the limiter: these run alone (make test), not beside other tests.
+pytestmark = pytest.mark.serial
+
 MODEL = "text-embedding-3-small"
 HASH = HashEmbedder(dimensions=32)
 WORDS = "celery redis broker worker queue token limit window retry embed vector chunk".split()
