@@ -20,10 +20,10 @@ import anyio.to_thread
 from fastapi import Depends, Request
 
 from webctx.errors import ConfigError, InvalidRequest, JobNotFound, WebctxError
-from webctx.jobs import JobProgress, JobStore
+from webctx.jobs.store import JobProgress, JobStore
+from webctx.jobs.tenants import TenantStore
 from webctx.models import JobRequest
 from webctx.settings import Settings
-from webctx.tenants import TenantStore
 
 logger = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from webctx.errors import (
     TransientError,
     WebctxError,
 )
+from webctx.jobs.tenants import InvalidTenant
 from webctx.settings import Settings, get_settings
-from webctx.tenants import InvalidTenant
 from webctx.workers.metrics import observe_api
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from webctx.api.deps import Caller, Runtime, submit, wait_for_finish
 from webctx.errors import WebctxError
-from webctx.index import IndexHit
-from webctx.jobs import JobProgress
+from webctx.index.search import IndexHit
+from webctx.jobs.store import JobProgress
 from webctx.models import Bundle, JobRequest, JobStatus
 from webctx.stages.bundle import render_markdown
 

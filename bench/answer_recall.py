@@ -81,11 +81,11 @@ from webctx.adapters.openai_embedder import OpenAIEmbedder  # noqa: E402
 from webctx.adapters.searxng_search import SearxngSearch  # noqa: E402
 from webctx.errors import FetchError  # noqa: E402
 from webctx.models import Bundle, BundleStats, Failure, Page  # noqa: E402
-from webctx.netguard import AddressPolicy  # noqa: E402
-from webctx.ports import Embedder, VectorStore  # noqa: E402
-from webctx.research import index_page, retrieve_candidates  # noqa: E402
+from webctx.net.addresses import AddressPolicy  # noqa: E402
+from webctx.protocols import Embedder, VectorStore  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings  # noqa: E402
 from webctx.stages.bundle import build_bundle, validate_offsets  # noqa: E402
+from webctx.stages.compose import index_page, retrieve_candidates  # noqa: E402
 from webctx.stages.fetch import fetch_page  # noqa: E402
 from webctx.stages.plan import plan_queries  # noqa: E402
 from webctx.stages.rank import rank_chunks  # noqa: E402

@@ -267,8 +267,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _status(client: redis.Redis, batch_id: str) -> dict[str, object]:
-    from webctx.batches import BatchStore
-    from webctx.jobs import JobStore
+    from webctx.jobs.batches import BatchStore
+    from webctx.jobs.store import JobStore
     from webctx.settings import BatchSettings
 
     price = BatchSettings().price_per_1k_tokens

@@ -63,7 +63,7 @@ def _pages(chunks: list[str]) -> list[list[str]]:
 
 def _webctx_page(base_url: str, window_s: float) -> Any:
     from webctx.adapters.openai_embedder import OpenAIEmbedder
-    from webctx.ratelimit import RedisRateLimiter, limiter_namespace
+    from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
     from webctx.stages.embed import embed_with_cache
 
     ns = limiter_namespace(base_url, MODEL, "sk-bench")

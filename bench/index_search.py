@@ -45,11 +45,13 @@ from qdrant_client import QdrantClient  # noqa: E402
 from webctx.adapters.edge_store import EdgeVectorStore  # noqa: E402
 from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
 from webctx.adapters.qdrant_store import QdrantVectorStore  # noqa: E402
-from webctx.index import IndexContext, IndexedPage, PageIndex, search_index  # noqa: E402
+from webctx.index.page_records import IndexedPage, PageIndex  # noqa: E402
+from webctx.index.refresh import IndexContext  # noqa: E402
+from webctx.index.search import search_index  # noqa: E402
 from webctx.models import Chunk  # noqa: E402
-from webctx.ports import IndexScope, LiveIndexStore  # noqa: E402
+from webctx.protocols import IndexScope, LiveIndexStore  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings  # noqa: E402
-from webctx.sparse import rrf  # noqa: E402
+from webctx.stages.sparse import rrf  # noqa: E402
 from webctx.stages.store import make_points  # noqa: E402
 
 PER_PAGE = 20

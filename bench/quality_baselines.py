@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from webctx.models import Chunk, Page, ScoredChunk
-from webctx.ports import Embedder
+from webctx.protocols import Embedder
 from webctx.stages.chunk import chunk_page
 from webctx.stages.embed import embed_texts
 from webctx.stages.rank import (

@@ -36,10 +36,11 @@ from webctx.adapters.httpx_fetcher import HttpxFetcher  # noqa: E402
 from webctx.adapters.openai_embedder import OpenAIEmbedder  # noqa: E402
 from webctx.devweb.embeddings import make_embeddings_app  # noqa: E402
 from webctx.devweb.server import LoopbackServer  # noqa: E402
-from webctx.index import IndexContext, PageIndex, RefreshReport, refresh_source  # noqa: E402
-from webctx.netguard import AddressPolicy  # noqa: E402
+from webctx.index.page_records import PageIndex  # noqa: E402
+from webctx.index.refresh import IndexContext, RefreshReport, refresh_source  # noqa: E402
+from webctx.index.sources import SourceRegistry  # noqa: E402
+from webctx.net.addresses import AddressPolicy  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings, IndexSettings  # noqa: E402
-from webctx.sources import SourceRegistry  # noqa: E402
 
 MODEL = "hash-embedding"
 WORDS = ("harbour tide ledger copper lantern orchard basalt meridian quarry falcon "

@@ -45,7 +45,7 @@ from bench._report import DOC, replace_block  # noqa: E402
 from webctx.adapters.edge_store import EdgeVectorStore  # noqa: E402
 from webctx.adapters.qdrant_store import QdrantVectorStore  # noqa: E402
 from webctx.models import Chunk, StoredChunk  # noqa: E402
-from webctx.ports import VectorDatatype, VectorStore  # noqa: E402
+from webctx.protocols import VectorDatatype, VectorStore  # noqa: E402
 from webctx.stages.store import make_points  # noqa: E402
 
 ENGINES = {

@@ -15,10 +15,10 @@ import redis
 import typer
 from kombu.exceptions import OperationalError
 
-from webctx.batches import BatchItem, BatchStatus, BatchStore, parse_items
 from webctx.cli.common import fail
 from webctx.errors import WebctxError
-from webctx.jobs import JobStore
+from webctx.jobs.batches import BatchItem, BatchStatus, BatchStore, parse_items
+from webctx.jobs.store import JobStore
 from webctx.settings import Settings, get_settings
 
 batch = typer.Typer(help="Batches: thousands of questions from a JSONL file, resumable.")

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from webctx.cli.common import OutputFormat, fail, print_bundle
 from webctx.errors import JobNotFound, WebctxError
-from webctx.jobs import JobProgress, JobStore
+from webctx.jobs.store import JobProgress, JobStore
 from webctx.models import JobRequest, JobStatus
 from webctx.settings import get_settings
 

@@ -8,8 +8,8 @@ import typer
 
 from webctx.cli.common import fail, state_redis
 from webctx.errors import WebctxError
+from webctx.jobs.tenants import TenantStore
 from webctx.settings import get_settings
-from webctx.tenants import TenantStore
 
 keys = typer.Typer(help="Create and revoke API keys (stored hashed in the job store's Redis).")
 

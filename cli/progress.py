@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 from webctx.errors import WebctxError
-from webctx.jobs import JobProgress
+from webctx.jobs.store import JobProgress
 
 
 def describe(p: JobProgress) -> str:

@@ -29,7 +29,7 @@ def sources_add(
     tenant: TenantOpt = None,
 ) -> None:
     """Register a source; the next beat tick indexes it."""
-    from webctx.sources import SourceRegistry, parse_interval
+    from webctx.index.sources import SourceRegistry, parse_interval
 
     if kind not in ("auto", "page", "sitemap", "feed"):
         raise fail(f"invalid --kind {kind!r}")
@@ -49,7 +49,7 @@ def sources_list(
     tenant: TenantOpt = None,
 ) -> None:
     """List the tenant's sources with their last run."""
-    from webctx.sources import SourceRegistry
+    from webctx.index.sources import SourceRegistry
 
     found = SourceRegistry(_index_redis()).list_for(tenant or get_settings().local_tenant)
     if format == "json":
@@ -67,7 +67,7 @@ def sources_remove(
     ref: Annotated[str, typer.Argument(help="Source id or URL.")], tenant: TenantOpt = None
 ) -> None:
     """Unregister a source and drop its pages from the index."""
-    from webctx.sources import SourceRegistry
+    from webctx.index.sources import SourceRegistry
 
     settings = get_settings()
     source = SourceRegistry(_index_redis()).remove(tenant or settings.local_tenant, ref)
@@ -90,7 +90,7 @@ def sources_refresh(
     tenant: TenantOpt = None,
 ) -> None:
     """Re-index now, outside the schedule."""
-    from webctx.sources import SourceRegistry
+    from webctx.index.sources import SourceRegistry
     from webctx.workers.index_tasks import start_refresh, wait_for_run
 
     settings = get_settings()

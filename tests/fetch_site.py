@@ -18,7 +18,7 @@ from webctx.adapters.httpx_fetcher import HttpxFetcher
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, gzip_bomb_page, huge_page, make_site_app
 from webctx.errors import FetchError
-from webctx.netguard import AddressPolicy
+from webctx.net.addresses import AddressPolicy
 from webctx.settings import FetchSettings
 
 SETTINGS = FetchSettings(

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from webctx.ports import VectorDatatype
+from webctx.protocols import VectorDatatype
 
 
 class FetchSettings(BaseModel):

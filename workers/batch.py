@@ -1,4 +1,4 @@
-"""The batch feeder: the Celery side of webctx/batches.py.
+"""The batch feeder: the Celery side of webctx/jobs/batches.py.
 
 `webctx.batch_feed` runs `BatchStore.feed` for one batch. It is sent when an item's job
 ends (a JobStore observer sees the status change) and, while the batch runs, at least
@@ -13,8 +13,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from webctx.batches import BatchItem, BatchStore, FeedLimits, batch_of_job
-from webctx.jobs import JobStore
+from webctx.jobs.batches import BatchItem, BatchStore, FeedLimits, batch_of_job
+from webctx.jobs.store import JobStore
 from webctx.models import JobRequest, JobStatus
 from webctx.settings import Settings
 from webctx.workers.app import app, broker_priority

@@ -100,7 +100,7 @@ task_routes = {
     "webctx.index.*": {"queue": INDEX_QUEUE},
 }
 # Celery beat only sends ticks; the schedule itself (each source's next due time) lives in
-# Redis (webctx/sources.py), so it survives restarts, and each due run is claimed with
+# Redis (webctx/index/sources.py), so it survives restarts, and each due run is claimed with
 # SET NX: a second beat started by mistake doubles the ticks, never the runs.
 beat_schedule = {
     "webctx-index-tick": {

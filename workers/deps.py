@@ -10,12 +10,12 @@ import fakeredis
 import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
-from webctx.embed_cache import RedisEmbeddingCache
 from webctx.errors import ConfigError, WebctxError
-from webctx.jobs import JobStore
-from webctx.pagecache import IndexedPages
-from webctx.ports import ConditionalFetcher, Embedder, SearchProvider, VectorStore
-from webctx.ratelimit import RedisRateLimiter, limiter_namespace
+from webctx.jobs.caches import IndexedPages
+from webctx.jobs.embed_cache import RedisEmbeddingCache
+from webctx.jobs.store import JobStore
+from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
+from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
 from webctx.settings import Settings, get_settings
 
 logger = logging.getLogger("webctx.deps")
@@ -131,8 +131,8 @@ def build_fetcher(settings: Settings, *, state: redis.Redis | None = None) -> Co
     store's Redis, in broker mode) its per-host pace and 429 pauses are kept there, shared
     by every fetch worker. The embedded default (one process) keeps them in the process."""
     from webctx.adapters.httpx_fetcher import HttpxFetcher
-    from webctx.netguard import AddressPolicy
-    from webctx.politeness import Politeness
+    from webctx.net.addresses import AddressPolicy
+    from webctx.net.politeness import Politeness
 
     policy = AddressPolicy(
         allow_private=settings.allow_private_networks,

@@ -20,18 +20,12 @@ from typing import Any, cast
 import redis
 
 from webctx.errors import ConfigError
-from webctx.index import (
-    IndexContext,
-    IndexHit,
-    PageIndex,
-    optimize_if_due,
-    refresh_source,
-    search_index,
-    sweep,
-)
-from webctx.ports import LiveIndexStore
+from webctx.index.page_records import PageIndex
+from webctx.index.refresh import IndexContext, optimize_if_due, refresh_source, sweep
+from webctx.index.search import IndexHit, search_index
+from webctx.index.sources import Source, SourceRegistry
+from webctx.protocols import LiveIndexStore
 from webctx.settings import Settings
-from webctx.sources import Source, SourceRegistry
 from webctx.workers.app import app
 from webctx.workers.deps import Deps, worker_deps
 

@@ -41,7 +41,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from webctx.errors import RateLimited
-from webctx.jobs import JobStore
+from webctx.jobs.store import JobStore
 from webctx.logging import bind_context, clear_context, configure_logging
 from webctx.settings import get_settings
 

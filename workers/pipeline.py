@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from celery import group
 
-from webctx.jobs import JobStore
+from webctx.jobs.store import JobStore
 from webctx.models import Failure, JobRequest, JobStatus
 from webctx.stages.search import merge_results
 from webctx.workers.app import app, broker_priority

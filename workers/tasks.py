@@ -15,15 +15,21 @@ import redis
 from celery import Task
 
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
+from webctx.jobs.caches import IndexedPages, PageCache, RememberedFailure, SearchCache
+from webctx.jobs.staging import ChunkStaging
 from webctx.models import BundleStats, Failure, JobStatus, Page, SearchResult
-from webctx.pagecache import IndexedPages, PageCache, RememberedFailure, SearchCache
-from webctx.research import EmbeddedPage, IndexOutcome, answer_question, embed_page, store_page
 from webctx.stages.bundle import build_bundle
+from webctx.stages.compose import (
+    EmbeddedPage,
+    IndexOutcome,
+    answer_question,
+    embed_page,
+    store_page,
+)
 from webctx.stages.embed import embed_with_cache
 from webctx.stages.fetch import extract_page
 from webctx.stages.plan import LLMPlanner, plan_queries
 from webctx.stages.search import search_query
-from webctx.staging import ChunkStaging
 from webctx.workers import pipeline
 from webctx.workers.app import app
 from webctx.workers.deps import Deps, worker_deps
@@ -320,7 +326,7 @@ def _indexed_page(deps: Deps, job_id: str, url: str) -> Page | None:
     """The tenant's indexed copy of `url` if re-indexed within WEBCTX_INDEX__MAX_AGE_S."""
     if deps.settings.index.max_age_s <= 0 or not deps.settings.state_url():
         return None
-    from webctx.index import PageIndex
+    from webctx.index.page_records import PageIndex
 
     tenant = deps.jobs.tenant(job_id) or deps.settings.local_tenant
     return PageIndex(deps.jobs.r).fresh_page(

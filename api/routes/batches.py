@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from webctx.api.deps import CallerDep, Conflict, Runtime, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
-from webctx.batches import (
+from webctx.jobs.batches import (
     BatchConflict,
     BatchItem,
     BatchNotFound,

@@ -22,7 +22,7 @@ from webctx.api.deps import (
     submit,
 )
 from webctx.errors import JobNotFound
-from webctx.jobs import JobProgress
+from webctx.jobs.store import JobProgress
 from webctx.models import Bundle, JobRequest, JobStatus
 
 router = APIRouter(prefix="/v1", tags=["jobs"])

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query
 from webctx.api.deps import CallerDep, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
 from webctx.errors import ProviderUnavailable
-from webctx.index import IndexHit
+from webctx.index.search import IndexHit
 
 router = APIRouter(prefix="/v1", tags=["index"])
 

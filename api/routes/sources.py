@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from webctx.api.deps import CallerDep, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
 from webctx.errors import JobNotFound
-from webctx.sources import Source, SourceRegistry, parse_interval
+from webctx.index.sources import Source, SourceRegistry, parse_interval
 
 router = APIRouter(prefix="/v1", tags=["index"])
 SourceRef = Annotated[str, Path(pattern=r"^[0-9a-f]{16}$", description="A source id.")]

@@ -25,7 +25,7 @@ from webctx.devweb.embeddings import make_embeddings_app
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, make_site_app
-from webctx.tenants import TenantStore
+from webctx.jobs.tenants import TenantStore
 
 PAGE_DELAY_S = 0.3
 

@@ -16,9 +16,9 @@ import redis
 from tests.conftest import clean_env, redis_url, run_cli
 from tests.integration.conftest import ApiProcess, items_after_a_research_job
 from tests.testweb import LoopbackWeb
-from webctx.batches import BatchStatus, BatchStore
-from webctx.jobs import JobStore
-from webctx.tenants import TenantStore
+from webctx.jobs.batches import BatchStatus, BatchStore
+from webctx.jobs.store import JobStore
+from webctx.jobs.tenants import TenantStore
 
 QUESTIONS = [
     "why does the SEI layer keep growing?",

@@ -37,7 +37,7 @@ from webctx.devweb.embeddings import embeddings_control, make_embeddings_app
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, make_site_app
-from webctx.jobs import JobStore
+from webctx.jobs.store import JobStore
 from webctx.models import Bundle
 from webctx.settings import ChunkSettings
 from webctx.stages.chunk import chunk_page

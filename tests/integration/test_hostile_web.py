@@ -28,7 +28,7 @@ from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, gzip_bomb_page, huge_page, make_site_app
 from webctx.errors import BlockedURL
 from webctx.models import Bundle
-from webctx.netguard import AddressPolicy, resolve_checked
+from webctx.net.addresses import AddressPolicy, resolve_checked
 from webctx.settings import FetchSettings
 
 MODEL = "hash-embedding"

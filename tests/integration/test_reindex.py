@@ -33,8 +33,8 @@ from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.devweb.embeddings import make_embeddings_app
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
-from webctx.index import PageIndex
-from webctx.sources import SourceRegistry
+from webctx.index.page_records import PageIndex
+from webctx.index.sources import SourceRegistry
 
 pytestmark = pytest.mark.slow
 DB = REDIS_DB

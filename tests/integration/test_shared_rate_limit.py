@@ -47,7 +47,7 @@ def run_worker(
 ) -> None:
     """One worker process: embed its texts through the shared limiter; report the outcome."""
     from webctx.adapters.openai_embedder import OpenAIEmbedder
-    from webctx.ratelimit import RedisRateLimiter, limiter_namespace
+    from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
     from webctx.stages.embed import embed_with_cache
 
     client = redis.Redis.from_url(url)

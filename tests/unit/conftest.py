@@ -13,7 +13,7 @@ from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.adapters.httpx_fetcher import HttpxFetcher
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.adapters.qdrant_store import QdrantVectorStore
-from webctx.ports import LiveIndexStore
+from webctx.protocols import LiveIndexStore
 
 
 @pytest.fixture(params=["memory", "edge", "qdrant-memory"])

@@ -7,7 +7,7 @@ import json
 import fakeredis
 import pytest
 
-from webctx.batches import (
+from webctx.jobs.batches import (
     BatchConflict,
     BatchItem,
     BatchStore,
@@ -17,7 +17,7 @@ from webctx.batches import (
     item_job_id,
     parse_items,
 )
-from webctx.jobs import JobStore
+from webctx.jobs.store import JobStore
 from webctx.models import Bundle, JobRequest, JobStatus
 
 LIMITS = FeedLimits(concurrency=3, max_inflight=4, job_timeout_s=100, grace_s=10)

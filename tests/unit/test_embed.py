@@ -13,7 +13,7 @@ from webctx.adapters.openai_embedder import OpenAIEmbedder, parse_duration, retr
 from webctx.devweb.embeddings import EmbeddingsControl, embeddings_control, make_embeddings_app
 from webctx.devweb.server import LoopbackServer
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
-from webctx.ports import Embedder
+from webctx.protocols import Embedder
 from webctx.stages.embed import Batch, EmbedOutcome, embed_texts, plan_batches
 from webctx.tokens import count_tokens, truncate_to_tokens
 

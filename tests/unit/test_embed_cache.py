@@ -11,7 +11,7 @@ import redis
 
 from tests.conftest import redis_url
 from webctx.adapters.hash_embedder import HashEmbedder
-from webctx.embed_cache import PREFIX, RedisEmbeddingCache, cache_key
+from webctx.jobs.embed_cache import PREFIX, RedisEmbeddingCache, cache_key
 from webctx.stages.embed import CachedEmbedOutcome, embed_with_cache
 from webctx.tokens import count_tokens
 

@@ -34,7 +34,7 @@ from webctx.errors import (
     HTTPStatusError,
     UnsupportedContent,
 )
-from webctx.netguard import AddressPolicy
+from webctx.net.addresses import AddressPolicy
 from webctx.stages.fetch import fetch_page
 
 

@@ -16,7 +16,7 @@ from tests.fetch_site import ARTICLE, LOOPBACK_ONLY, MARGIN_S, SETTINGS, Site, n
 from webctx.adapters.httpx_fetcher import HttpxFetcher
 from webctx.errors import ExtractionError, FetchTimeout
 from webctx.models import Download
-from webctx.ports import Revalidation
+from webctx.protocols import Revalidation
 from webctx.stages.fetch import extract_page
 
 pytestmark = pytest.mark.serial

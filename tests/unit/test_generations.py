@@ -17,10 +17,12 @@ from tests.conftest import redis_url
 from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
-from webctx.generations import Change, Commit, tenant_key
-from webctx.index import IndexContext, IndexedPage, PageIndex, search_index
+from webctx.index.generations import Change, Commit, tenant_key
+from webctx.index.page_records import IndexedPage, PageIndex
+from webctx.index.refresh import IndexContext
+from webctx.index.search import search_index
 from webctx.models import Chunk, Page, ScoredChunk, StoredChunk
-from webctx.ports import IndexScope, LiveIndexStore
+from webctx.protocols import IndexScope, LiveIndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
 from webctx.stages.store import make_points
 

@@ -19,13 +19,15 @@ from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.errors import HTTPStatusError
-from webctx.index import IndexContext, PageIndex, refresh_source, search_index, sweep
-from webctx.jobs import JobStore
+from webctx.index.page_records import PageIndex
+from webctx.index.refresh import IndexContext, refresh_source, sweep
+from webctx.index.search import search_index
+from webctx.index.sources import Source, SourceRegistry
+from webctx.jobs.caches import IndexedPages
+from webctx.jobs.store import JobStore
 from webctx.models import Chunk, Download, StoredChunk
-from webctx.pagecache import IndexedPages
-from webctx.ports import IndexStore
+from webctx.protocols import IndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
-from webctx.sources import Source, SourceRegistry
 from webctx.stages.store import make_points
 from webctx.workers.index_tasks import index_context
 
@@ -315,8 +317,8 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
 
     from webctx.api.deps import Runtime
     from webctx.api.mcp import build_mcp
+    from webctx.jobs.tenants import TenantStore
     from webctx.settings import Settings
-    from webctx.tenants import TenantStore
     from webctx.workers.deps import Deps, set_deps
 
     settings = Settings(redis_url=redis_url(), embedding_provider="hash",

@@ -7,7 +7,7 @@ import pytest
 
 from tests.factories import make_page
 from webctx.errors import JobNotFound
-from webctx.jobs import JobStore
+from webctx.jobs.store import JobStore
 from webctx.models import Failure, JobRequest, JobStatus, SearchResult
 
 

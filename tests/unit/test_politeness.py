@@ -16,8 +16,8 @@ from webctx.adapters.httpx_fetcher import HttpxFetcher
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, make_site_app
 from webctx.errors import BlockedURL, FetchTimeout, HTTPStatusError
-from webctx.netguard import AddressPolicy
-from webctx.politeness import (
+from webctx.net.addresses import AddressPolicy
+from webctx.net.politeness import (
     HostPacer,
     Politeness,
     RedisHostPacer,
@@ -25,7 +25,7 @@ from webctx.politeness import (
     parse_retry_after,
     robots_rules,
 )
-from webctx.portpolicy import check_port
+from webctx.net.portpolicy import check_port
 from webctx.settings import FetchSettings
 
 # Paces of a fraction of a second: these run alone (make test), not beside other tests.

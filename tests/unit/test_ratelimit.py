@@ -14,7 +14,7 @@ import redis
 
 from tests.conftest import redis_url
 from webctx.errors import ConfigError, RateLimited
-from webctx.ratelimit import RedisRateLimiter, limiter_namespace
+from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 
 # Windows of a fraction of a second: these run alone (make test), not beside other tests.
 pytestmark = pytest.mark.serial

@@ -22,7 +22,7 @@ from webctx.errors import (
     UnsupportedContent,
 )
 from webctx.models import Download
-from webctx.ports import BatchFetcher, Revalidation
+from webctx.protocols import BatchFetcher, Revalidation
 
 
 def test_revalidations_reuse_kept_alive_connections_and_report_failures() -> None:

@@ -16,7 +16,7 @@ from webctx.devweb.searxng import SearchDoc, SearxngControl, make_searxng_app, s
 from webctx.devweb.server import LoopbackServer
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
 from webctx.models import SearchResult
-from webctx.ports import SearchProvider
+from webctx.protocols import SearchProvider
 from webctx.stages.search import merge_results, normalize_url, search_query
 
 DOCS = [

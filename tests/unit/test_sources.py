@@ -9,9 +9,9 @@ import redis
 
 from tests.conftest import redis_url
 from webctx.errors import InvalidRequest
+from webctx.index.sources import Source, SourceRegistry, discover_urls, parse_interval
+from webctx.jobs.tenants import InvalidTenant
 from webctx.models import Download
-from webctx.sources import Source, SourceRegistry, discover_urls, parse_interval
-from webctx.tenants import InvalidTenant
 
 BASE = "https://site.test"
 

@@ -9,10 +9,10 @@ import pytest
 from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
-from webctx.research import EmbeddedPage, IndexOutcome, embed_page, index_page, store_page
+from webctx.jobs.staging import ChunkStaging
 from webctx.settings import ChunkSettings, EmbedSettings
 from webctx.stages.chunk import chunk_page
-from webctx.staging import ChunkStaging
+from webctx.stages.compose import EmbeddedPage, IndexOutcome, embed_page, index_page, store_page
 
 TEXT = " ".join(f"Sentence number {i} is about narwhal tusks and sea ice." for i in range(60))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from webctx.tenants import InvalidTenant, TenantStore, hash_key
+from webctx.jobs.tenants import InvalidTenant, TenantStore, hash_key
 
 
 @pytest.fixture

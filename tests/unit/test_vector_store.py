@@ -24,7 +24,7 @@ from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.adapters.qdrant_store import QdrantVectorStore
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable
 from webctx.models import Chunk, StoredChunk
-from webctx.ports import IndexScope, VectorDatatype, VectorStore
+from webctx.protocols import IndexScope, VectorDatatype, VectorStore
 from webctx.stages.store import make_points, point_id, store_chunks, vector_lookup
 
 REPO = Path(__file__).resolve().parents[2]

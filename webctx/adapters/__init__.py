@@ -1,1 +1,1 @@
-"""Implementations of the Protocols in webctx.ports, one file per backend."""
+"""Implementations of the Protocols in webctx.protocols, one file per backend."""

@@ -15,8 +15,8 @@ import httpcore
 import httpx
 
 from webctx.errors import FetchError, FetchTimeout, HTTPStatusError
-from webctx.netguard import AddressPolicy, IPAddress, Resolver, parse_ip_host, resolve_checked
-from webctx.portpolicy import check_port
+from webctx.net.addresses import AddressPolicy, IPAddress, Resolver, parse_ip_host, resolve_checked
+from webctx.net.portpolicy import check_port
 
 
 class GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -124,7 +124,7 @@ class _ResponseStream(httpx.AsyncByteStream):
 
 @contextlib.contextmanager
 def translated(url: str) -> Iterator[None]:
-    """Turn httpcore and netguard errors into webctx errors about `url`."""
+    """Turn httpcore and address-guard errors into webctx errors about `url`."""
     try:
         yield
     except httpcore.TimeoutException as exc:
@@ -138,7 +138,7 @@ def translated(url: str) -> Iterator[None]:
 
 
 def for_url(exc: FetchError, url: str) -> FetchError:
-    """The same failure reported against `url` (netguard knows hosts, callers know URLs)."""
+    """The same failure reported against `url` (the guard knows hosts, callers know URLs)."""
     message = f"{exc} (at {exc.url})" if "://" in exc.url else str(exc)
     if isinstance(exc, HTTPStatusError):
         return HTTPStatusError(url, message, status=exc.status)

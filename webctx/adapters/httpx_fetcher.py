@@ -15,7 +15,7 @@ Design (see TRAPS 6-8):
   own origin (scheme, host, port); an unread or failed response closes its connection.
 - Size: the body is read raw and inflated here with a zlib output limit, so a gzip bomb
   never inflates past `max_bytes` (httpx's decoders have no output limit).
-- Politeness (optional, `webctx.politeness`): every hop consults robots.txt (fetched through
+- Politeness (optional, `webctx.net.politeness`): every hop consults robots.txt (fetched through
   this same guarded client), waits its turn for the host, and a 429/503 pauses the host.
 """
 
@@ -61,20 +61,20 @@ from webctx.errors import (
     UnsupportedContent,
 )
 from webctx.models import Download
-from webctx.netguard import (
+from webctx.net.addresses import (
     AddressPolicy,
     Resolver,
     check_url,
     system_resolver,
 )
-from webctx.politeness import (
+from webctx.net.politeness import (
     ROBOTS_MAX_BYTES,
     Politeness,
     RobotsRules,
     parse_retry_after,
     robots_rules,
 )
-from webctx.ports import Revalidation
+from webctx.protocols import Revalidation
 from webctx.settings import FetchSettings
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import numpy.typing as npt
 
 from webctx.errors import ProviderError
 from webctx.models import ScoredChunk, StoredChunk
-from webctx.ports import IndexScope
-from webctx.sparse import document_vector, idf, query_vector
+from webctx.protocols import IndexScope
+from webctx.stages.sparse import document_vector, idf, query_vector
 
 Vec = npt.NDArray[np.float32]
 

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable, RateLimited
-from webctx.ports import Embedder
+from webctx.protocols import Embedder
 from webctx.tokens import count_tokens, truncate_to_tokens
 
 if TYPE_CHECKING:
-    from webctx.embed_cache import RedisEmbeddingCache
-    from webctx.ratelimit import RedisRateLimiter
+    from webctx.jobs.embed_cache import RedisEmbeddingCache
+    from webctx.net.ratelimit import RedisRateLimiter
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -324,6 +324,6 @@ def embed_with_cache(
 
 def cache_text(text: str) -> str:
     """The form of a text the cache keys on (whitespace-normalised)."""
-    from webctx.embed_cache import normalize_text
+    from webctx.jobs.embed_cache import normalize_text
 
     return normalize_text(text)

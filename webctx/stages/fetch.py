@@ -24,7 +24,7 @@ from trafilatura.utils import load_html
 
 from webctx.errors import BlockedURL, ExtractionError
 from webctx.models import Download, Page
-from webctx.ports import Fetcher
+from webctx.protocols import Fetcher
 from webctx.stages.format_chars import protect
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from webctx.models import SearchResult
-from webctx.ports import SearchProvider
+from webctx.protocols import SearchProvider
 
 logger = logging.getLogger(__name__)
 

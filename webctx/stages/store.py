@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 
 from webctx.models import Chunk, ScoredChunk, StoredChunk
-from webctx.ports import VectorStore
+from webctx.protocols import VectorStore
 
 # uuid5(NAMESPACE_URL, "https://github.com/webctx/webctx#point"), written out because it is
 # fixed forever: changing it re-keys every stored point and duplicates the whole store.

@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Collection, Sequence
 
 from webctx.errors import BlockedURL
-from webctx.netguard import AddressPolicy, IPAddress, is_forbidden_address, normalise_ip
+from webctx.net.addresses import AddressPolicy, IPAddress, is_forbidden_address, normalise_ip
 
 
 def check_port(

@@ -6,7 +6,7 @@
     webctx:index:graveyard        zset  sha -> when its points may be deleted
 
 A pointer moves only through `commit`, which also moves the tenant's live marks in the
-store and publishes a new generation in the same MULTI (`webctx.generations`), so a search
+store and publishes a new generation in the same MULTI (`webctx.index.generations`), so a search
 sees each page whole, old or new, never empty and never mixed. The old hash's points are
 deleted `grace_s` later, and only if no URL of any tenant points at them.
 """
@@ -22,9 +22,17 @@ from typing import cast
 import redis
 from pydantic import BaseModel
 
-from webctx.generations import Change, Commit, Generations, live_map, mark, site_of, tenant_key
+from webctx.index.generations import (
+    Change,
+    Commit,
+    Generations,
+    live_map,
+    mark,
+    site_of,
+    tenant_key,
+)
 from webctx.models import Page
-from webctx.ports import IndexScope, LiveIndexStore
+from webctx.protocols import IndexScope, LiveIndexStore
 
 PREFIX = "webctx:index"
 _BATCH = 500

@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from webctx.errors import BlockedURL, ConfigError, FetchError
-from webctx.netguard import (
+from webctx.net.addresses import (
     AddressPolicy,
     Resolver,
     check_url,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from webctx.embed_cache import RedisEmbeddingCache
+from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.models import Bundle, BundleStats, Chunk, Failure, Page, ScoredChunk
-from webctx.ports import Embedder, VectorStore
-from webctx.ratelimit import RedisRateLimiter
+from webctx.net.ratelimit import RedisRateLimiter
+from webctx.protocols import Embedder, VectorStore
 from webctx.settings import ChunkSettings, EmbedSettings
 from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page

@@ -42,7 +42,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from webctx.errors import ProviderError
-from webctx.ports import LiveIndexStore
+from webctx.protocols import LiveIndexStore
 
 SITE_KEY = "site"
 """Payload field: the page's site, lower case (set when a page goes live; keyword index)."""

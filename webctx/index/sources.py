@@ -26,8 +26,8 @@ from lxml import etree
 from pydantic import BaseModel, Field
 
 from webctx.errors import InvalidRequest
-from webctx.ports import ConditionalFetcher
-from webctx.tenants import check_tenant
+from webctx.jobs.tenants import check_tenant
+from webctx.protocols import ConditionalFetcher
 
 _PREFIX = "webctx:sources"
 SourceKind = Literal["auto", "page", "sitemap", "feed"]

@@ -109,7 +109,7 @@ class IndexScope:
     """The points an index search may return: one tenant's live pages at one generation.
 
     A point is live for the tenant at generation g when its `from` mark is <= g and it has
-    no `until` mark <= g (`webctx.generations`). `site` narrows to one site (lower case),
+    no `until` mark <= g (`webctx.index.generations`). `site` narrows to one site (lower case),
     `content_sha256s` to some pages (None: every live page)."""
 
     tenant_key: str

@@ -8,9 +8,9 @@ from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.models import Bundle, BundleStats, Page
-from webctx.research import answer_question, index_page, retrieve_candidates
 from webctx.settings import ChunkSettings, EmbedSettings
 from webctx.stages.bundle import validate_offsets
+from webctx.stages.compose import answer_question, index_page, retrieve_candidates
 from webctx.stages.rank import rank_chunks
 
 _QUESTION = "When did the glacier change?"

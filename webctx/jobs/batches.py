@@ -33,7 +33,7 @@ import redis
 from pydantic import ValidationError
 
 from webctx.errors import InvalidRequest, JobNotFound, WebctxError
-from webctx.jobs import JobStore
+from webctx.jobs.store import JobStore
 from webctx.models import JobRequest, JobStatus
 
 _PREFIX = "webctx"

@@ -1,8 +1,8 @@
 """The persistent index: per tenant, each URL's current content hash, re-indexed on schedule.
 
-Pointers (`webctx.pointers`) map each URL of a tenant to a content hash; points are
+Pointers (`webctx.index.page_records`) map each URL of a tenant to a content hash; points are
 content-addressed (UUIDv5 of content hash, offsets, model) and carry per-tenant live
-marks (`webctx.generations`). A changed page is embedded and upserted under its NEW hash
+marks (`webctx.index.generations`). A changed page is embedded and upserted under its NEW hash
 first, unmarked; then one commit marks it live (and the old hash not) for the next
 generation and publishes that generation with the pointer switch in one MULTI. A search
 reads the published generation once and filters the store by it: each page whole, old or
@@ -24,32 +24,25 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel
-
-from webctx.embed_cache import RedisEmbeddingCache
 from webctx.errors import FetchError, HTTPStatusError
+from webctx.index.page_records import IndexedPage, PageIndex, Seen
+from webctx.index.sources import Source, discover_urls
+from webctx.jobs.caches import IndexedPages
+from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.models import Download, Page
-from webctx.pagecache import IndexedPages
-from webctx.pointers import IndexedPage, PageIndex, Seen
-from webctx.ports import (
+from webctx.net.ratelimit import RedisRateLimiter
+from webctx.protocols import (
     BatchFetcher,
     ConditionalFetcher,
     Embedder,
     LiveIndexStore,
     Revalidation,
 )
-from webctx.ratelimit import RedisRateLimiter
-from webctx.research import index_page
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
-from webctx.sources import Source, discover_urls
-from webctx.sparse import rrf
 from webctx.stages.chunk import chunk_page
-from webctx.stages.embed import embed_texts
+from webctx.stages.compose import index_page
 from webctx.stages.fetch import extract_page
 from webctx.stages.store import make_points
-
-__all__ = ["IndexContext", "IndexHit", "IndexedPage", "PageIndex", "RefreshReport",
-           "hashes_of", "refresh_source", "remove_source", "search_index", "sweep"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +282,7 @@ def sweep(ctx: IndexContext) -> int:
     taken = ctx.index.sweepable()
     if taken:
         ctx.store.delete_pages(taken)
-        # Research jobs skip pages known to be stored (webctx.pagecache): not these any more.
+        # Research jobs skip pages known to be stored (webctx.jobs.caches): not these any more.
         IndexedPages.forget_in(ctx.index.r, taken)
     return len(taken)
 
@@ -298,68 +291,3 @@ def remove_source(source: Source, ctx: IndexContext) -> int:
     """Drop a removed source's pages from the index (points go after the grace period)."""
     return ctx.index.drop_source(source.tenant, source.source_id, store=ctx.store,
                                  grace_s=ctx.settings.grace_s)  # fmt: skip
-
-
-# -- search ---------------------------------------------------------------------------------
-class IndexHit(BaseModel):
-    """One chunk found in the index, with its page's metadata and both ranks."""
-
-    url: str
-    title: str
-    site: str
-    published: str | None
-    source_id: str
-    content_sha256: str
-    start: int
-    end: int
-    text: str
-    score: float
-    dense_rank: int | None = None
-    sparse_rank: int | None = None
-
-
-def search_index(
-    query: str,
-    *,
-    tenant: str,
-    ctx: IndexContext,
-    limit: int = 10,
-    site: str | None = None,
-    source_id: str | None = None,
-    published_from: str | None = None,
-    published_to: str | None = None,
-) -> list[IndexHit]:
-    """Hybrid search of a tenant's current pages: dense + BM25, fused by RRF."""
-    if limit < 1:
-        return []
-    scope = ctx.index.scope(tenant, store=ctx.store, site=site, source_id=source_id,
-                            published_from=published_from,
-                            published_to=published_to)  # fmt: skip
-    if scope is None:
-        return []
-    pool, e = max(limit * 5, 50), ctx.embedding
-    vector = embed_texts([query], ctx.embedder, max_inputs=1,
-                         max_tokens_per_request=e.max_tokens_per_request,
-                         max_input_tokens=e.max_input_tokens,
-                         max_attempts=e.max_attempts).vectors[0]  # fmt: skip
-    # Rank by point id alone, then read the payloads of the fused top `limit` only: the
-    # 2 x `pool` candidates' payloads (text included) cost more than both searches.
-    ranked = (ctx.store.rank_live(vector, limit=pool, scope=scope),
-              ctx.store.rank_live_sparse(query, limit=pool, scope=scope))  # fmt: skip
-    fused = rrf(ranked)[:limit]
-    points = ctx.store.retrieve([pid for pid, _ in fused])
-    fused = [(pid, score) for pid, score in fused if pid in points]  # swept since: dropped
-    ranks = [{pid: rank for rank, pid in enumerate(ids, start=1)} for ids in ranked]
-    records = ctx.index.records_of(tenant, [points[pid].chunk.content_sha256 for pid, _ in fused])
-    out = []
-    for pid, score in fused:
-        point = points[pid]
-        chunk, record = point.chunk, records[point.chunk.content_sha256]
-        out.append(IndexHit(
-            url=record.url or point.url, title=record.title, site=record.site,
-            published=record.published, source_id=record.source_id,
-            content_sha256=chunk.content_sha256, start=chunk.start, end=chunk.end,
-            text=chunk.text, score=round(score, 6), dense_rank=ranks[0].get(pid),
-            sparse_rank=ranks[1].get(pid),
-        ))  # fmt: skip
-    return out

@@ -8,8 +8,7 @@ import fakeredis
 import redis
 
 from tests.factories import make_page
-from webctx.models import Page, SearchResult
-from webctx.pagecache import (
+from webctx.jobs.caches import (
     FAILURE_TTL_S,
     REVALIDATE_WINDOWS,
     IndexedPages,
@@ -18,6 +17,7 @@ from webctx.pagecache import (
     SearchCache,
     StaleEntry,
 )
+from webctx.models import Page, SearchResult
 
 
 def _client() -> redis.Redis:
