@@ -19,30 +19,20 @@ import anyio
 import anyio.to_thread
 from fastapi import Depends, Request
 
-from webctx.errors import ConfigError, InvalidRequest, JobNotFound, WebctxError
+from webctx.errors import (
+    ConfigError,
+    Conflict,
+    InvalidRequest,
+    JobNotFound,
+    TooManyRequests,
+    Unauthorized,
+)
 from webctx.jobs.store import JobProgress, JobStore
 from webctx.jobs.tenants import TenantStore
 from webctx.models import JobRequest
 from webctx.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-
-# Errors of the edge, in the webctx tree so the one handler maps them too.
-class Unauthorized(WebctxError):
-    """No API key, or an unknown or revoked one (401)."""
-
-
-class TooManyRequests(WebctxError):
-    """The key spent its request budget for this window (429)."""
-
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class Conflict(WebctxError):
-    """The job is not in a state that allows this (409)."""
 
 
 @dataclass

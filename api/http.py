@@ -22,24 +22,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from webctx.api.deps import (
-    Conflict,
     Runtime,
-    TooManyRequests,
-    Unauthorized,
     check_auth_setting,
     open_runtime,
 )
 from webctx.errors import (
     ConfigError,
+    Conflict,
     FetchError,
     InvalidRequest,
     JobNotFound,
     ProviderError,
     RateLimited,
+    TooManyRequests,
     TransientError,
+    Unauthorized,
     WebctxError,
 )
-from webctx.jobs.tenants import InvalidTenant
 from webctx.settings import Settings, get_settings
 from webctx.workers.metrics import observe_api
 
@@ -52,7 +51,6 @@ _STATUS: list[tuple[type[WebctxError], int, str]] = [
     (JobNotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
     (InvalidRequest, 422, "invalid_request"),
-    (InvalidTenant, 422, "invalid_request"),
     (RateLimited, 503, "provider_rate_limited"),
     (TransientError, 503, "unavailable"),
     (ConfigError, 503, "misconfigured"),

@@ -2,8 +2,15 @@
 
 WebctxError
 +-- ConfigError                  # settings that cannot work together
-+-- InvalidRequest               # a malformed job request (CLI, API)
-+-- JobNotFound(job_id)
++-- InvalidRequest               # a malformed request (CLI, API): 422
+|   +-- InvalidTenant            # a tenant name outside [A-Za-z0-9._-]{1,64}
+|   +-- InvalidBatch             # a batch file with bad lines (each named)
++-- JobNotFound(job_id)          # no such job, or another tenant's: 404
+|   +-- BatchNotFound(batch_id)
++-- Unauthorized                 # no API key, or an unknown or revoked one: 401
++-- TooManyRequests(retry_after_s)  # the key spent its request budget: 429
++-- Conflict                     # not in a state that allows this: 409
+|   +-- BatchConflict            # the batch name holds a different file
 +-- TransientError               # the only thing Celery retries
 |   +-- RateLimited(retry_after) # 429 from a provider
 |   +-- FetchTimeout(url)        # also a FetchError
@@ -15,6 +22,9 @@ WebctxError
 |   +-- HTTPStatusError(status)
 |   +-- ExtractionError          # no main text could be extracted
 +-- ProviderError(provider)      # search / embeddings / vector store refused the request
+
+The HTTP API maps the tree to status codes in one table (`webctx.api.http`); the MCP tools
+raise ToolError with the message.
 """
 
 from __future__ import annotations
@@ -32,12 +42,48 @@ class InvalidRequest(WebctxError):
     """A job request that fails validation."""
 
 
+class InvalidTenant(InvalidRequest):
+    """A tenant name that is empty, too long, or has characters outside [A-Za-z0-9._-]."""
+
+
+class InvalidBatch(InvalidRequest):
+    """A batch file with bad lines; the message names each."""
+
+
 class JobNotFound(WebctxError):
     """No job with this id exists (or it has expired)."""
 
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id!r} not found")
         self.job_id = job_id
+
+
+class BatchNotFound(JobNotFound):
+    """No batch with this id (or another tenant's)."""
+
+    def __init__(self, batch_id: str) -> None:
+        super().__init__(batch_id)
+        self.args = (f"batch {batch_id!r} not found",)
+
+
+class Unauthorized(WebctxError):
+    """No API key, or an unknown or revoked one."""
+
+
+class TooManyRequests(WebctxError):
+    """The key spent its request budget for this window."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Conflict(WebctxError):
+    """The job (or batch) is not in a state that allows this."""
+
+
+class BatchConflict(Conflict):
+    """The batch name is taken by a different file."""
 
 
 class TransientError(WebctxError):

@@ -10,17 +10,10 @@ import anyio.to_thread
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from webctx.api.deps import CallerDep, Conflict, Runtime, RuntimeDep
+from webctx.api.deps import CallerDep, Runtime, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
-from webctx.jobs.batches import (
-    BatchConflict,
-    BatchItem,
-    BatchNotFound,
-    BatchStatus,
-    BatchStore,
-    InvalidBatch,
-    parse_items,
-)
+from webctx.errors import BatchNotFound, InvalidBatch
+from webctx.jobs.batches import BatchItem, BatchStatus, BatchStore, parse_items
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 BatchId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A batch id.")]
@@ -90,10 +83,7 @@ async def create_batch(
     def submit() -> tuple[str, bool]:
         from webctx.workers.batch import submit_batch
 
-        try:
-            return submit_batch(runtime.jobs, runtime.settings, caller.tenant, name, items)
-        except BatchConflict as exc:
-            raise Conflict(str(exc)) from exc
+        return submit_batch(runtime.jobs, runtime.settings, caller.tenant, name, items)
 
     batch_id, created = await anyio.to_thread.run_sync(submit)
     response.headers["Location"] = f"/v1/batches/{batch_id}"

@@ -15,13 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from webctx.api.deps import (
     CallerDep,
-    Conflict,
     Runtime,
     RuntimeDep,
     owned_progress,
     submit,
 )
-from webctx.errors import JobNotFound
+from webctx.errors import Conflict, JobNotFound
 from webctx.jobs.store import JobProgress
 from webctx.models import Bundle, JobRequest, JobStatus
 

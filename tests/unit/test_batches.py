@@ -7,12 +7,11 @@ import json
 import fakeredis
 import pytest
 
+from webctx.errors import BatchConflict, InvalidBatch
 from webctx.jobs.batches import (
-    BatchConflict,
     BatchItem,
     BatchStore,
     FeedLimits,
-    InvalidBatch,
     batch_of_job,
     item_job_id,
     parse_items,

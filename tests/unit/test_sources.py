@@ -8,9 +8,8 @@ import pytest
 import redis
 
 from tests.conftest import redis_url
-from webctx.errors import InvalidRequest
+from webctx.errors import InvalidRequest, InvalidTenant
 from webctx.index.sources import Source, SourceRegistry, discover_urls, parse_interval
-from webctx.jobs.tenants import InvalidTenant
 from webctx.models import Download
 
 BASE = "https://site.test"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from webctx.jobs.tenants import InvalidTenant, TenantStore, hash_key
+from webctx.errors import InvalidTenant
+from webctx.jobs.tenants import TenantStore, hash_key
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from typing import Any, cast
 import redis
 from pydantic import ValidationError
 
-from webctx.errors import InvalidRequest, JobNotFound, WebctxError
+from webctx.errors import BatchConflict, BatchNotFound, InvalidBatch, JobNotFound
 from webctx.jobs.store import JobStore
 from webctx.models import JobRequest, JobStatus
 
@@ -45,22 +45,6 @@ _STAT_NAMES = (
     "tokens_saved", "index_reused",
 )  # fmt: skip
 MAX_LINE_ERRORS = 20
-
-
-class InvalidBatch(InvalidRequest):
-    """A batch file with bad lines; the message names each (422)."""
-
-
-class BatchConflict(WebctxError):
-    """The batch name is taken by a different file (409)."""
-
-
-class BatchNotFound(JobNotFound):
-    """No batch with this id (or another tenant's) (404)."""
-
-    def __init__(self, batch_id: str) -> None:
-        super().__init__(batch_id)
-        self.args = (f"batch {batch_id!r} not found",)
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,11 @@ from typing import Any, cast
 
 import redis
 
-from webctx.errors import WebctxError
+from webctx.errors import InvalidTenant
 
 _PREFIX = "webctx"
 KEY_PREFIX = "wctx_"
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class InvalidTenant(WebctxError):
-    """A tenant name that is empty, too long, or has characters outside [A-Za-z0-9._-]."""
 
 
 @dataclass(frozen=True)
