@@ -47,11 +47,11 @@ from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
 from webctx.adapters.qdrant_store import QdrantVectorStore  # noqa: E402
 from webctx.index.page_records import IndexedPage, PageIndex  # noqa: E402
 from webctx.index.refresh import IndexContext  # noqa: E402
-from webctx.index.search import search_index  # noqa: E402
+from webctx.index.search import RRF_K, search_index  # noqa: E402
 from webctx.models import Chunk  # noqa: E402
 from webctx.protocols import IndexScope, LiveIndexStore  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings  # noqa: E402
-from webctx.stages.sparse import rrf  # noqa: E402
+from webctx.stages.rank import ranks_in_order, rrf  # noqa: E402
 from webctx.stages.store import make_points  # noqa: E402
 
 PER_PAGE = 20
@@ -95,14 +95,16 @@ def write_pointers(r: redis.Redis, pages: int) -> None:
 def hybrid(store: LiveIndexStore, vector: list[float], text: str, scope: IndexScope) -> list[str]:
     dense = store.rank_live(vector, limit=50, scope=scope)
     sparse = store.rank_live_sparse(text, limit=50, scope=scope)
-    top = store.retrieve([pid for pid, _ in rrf([dense, sparse])[:10]])
+    fused = rrf([ranks_in_order(dense), ranks_in_order(sparse)], k=RRF_K)
+    top = store.retrieve(sorted(fused, key=lambda pid: -fused[pid])[:10])
     return [p.chunk.text for p in top.values()]
 
 
 def hybrid_any(store: LiveIndexStore, vector: list[float], text: str, hashes: list[str]) -> None:
     dense = store.search(vector, limit=50, content_sha256s=hashes)
     sparse = store.search_sparse(text, limit=50, content_sha256s=hashes)
-    rrf([[f"{h.chunk.content_sha256}:{h.chunk.start}" for h in hits] for hits in (dense, sparse)])
+    rrf([ranks_in_order([f"{h.chunk.content_sha256}:{h.chunk.start}" for h in hits])
+         for hits in (dense, sparse)], k=RRF_K)
 
 
 def timed(fn: Callable[[int], object], n: int) -> tuple[float, float]:

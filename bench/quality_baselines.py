@@ -22,10 +22,11 @@ from webctx.stages.rank import (
     DEDUP_THRESHOLD,
     PER_SOURCE_CAP,
     RRF_K,
-    bm25_scores,
-    fuse_ranks,
     rank_chunks,
+    ranks_by_score,
+    rrf,
 )
+from webctx.stages.sparse import bm25_scores
 from webctx.tokens import count_tokens
 
 
@@ -160,12 +161,15 @@ def variant_select(view: JobView, budgets: Sequence[int], ranking: Ranking) -> l
             else bm25_scores(view.question, [view.chunks[i].text for i in keep])
         )  # fmt: skip
         lexical = [lexical[i] for i in keep] if ranking.pool is None else lexical
+        dense_ranks, lexical_ranks = ranks_by_score(cos), ranks_by_score(lexical)
         if ranking.combine == "max":
-            scores = [max(a, b) for a, b in zip(fuse_ranks([cos], k=ranking.rrf_k), fuse_ranks(
-                [lexical], k=ranking.rrf_k, weights=[ranking.lexical_weight]), strict=True)]
+            alone = (rrf([dense_ranks], k=ranking.rrf_k),
+                     rrf([lexical_ranks], k=ranking.rrf_k, weights=[ranking.lexical_weight]))
+            scores = [max(alone[0][i], alone[1][i]) for i in range(len(cos))]
         else:
-            scores = fuse_ranks([cos, lexical], k=ranking.rrf_k,
-                                weights=[1.0, ranking.lexical_weight])  # fmt: skip
+            fused = rrf([dense_ranks, lexical_ranks], k=ranking.rrf_k,
+                        weights=[1.0, ranking.lexical_weight])  # fmt: skip
+            scores = [fused[i] for i in range(len(cos))]
     else:
         scores = cos
     candidates = [

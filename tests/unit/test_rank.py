@@ -12,12 +12,14 @@ from tests.factories import make_page, make_scored, one_hot
 from webctx.models import ScoredChunk
 from webctx.stages.rank import (
     VECTOR_WINDOW,
-    bm25_scores,
     cosine,
     fuse_lexical,
-    fuse_ranks,
     rank_chunks,
+    ranks_by_score,
+    ranks_in_order,
+    rrf,
 )
+from webctx.stages.sparse import bm25_scores
 
 
 def _texts(scored: list[ScoredChunk]) -> list[str]:
@@ -241,17 +243,28 @@ def test_bm25_prefers_rare_question_terms_and_ignores_case() -> None:
     assert bm25_scores("anything", []) == []
 
 
-def test_fuse_ranks_adds_reciprocal_ranks_and_ties_share_a_rank() -> None:
-    fused = fuse_ranks([[0.9, 0.5, 0.1], [0.0, 2.0, 2.0]], k=60)
-    assert fused == pytest.approx([1 / 61 + 1 / 63, 1 / 62 + 1 / 61, 1 / 63 + 1 / 61])
-    assert fuse_ranks([]) == []
+def test_rrf_adds_reciprocal_ranks_and_tied_scores_share_a_rank() -> None:
+    by_score = [ranks_by_score([0.9, 0.5, 0.1]), ranks_by_score([0.0, 2.0, 2.0])]
+    assert by_score[1] == {1: 1, 2: 1, 0: 3}
+    fused = rrf(by_score, k=60)
+    assert [fused[i] for i in range(3)] == pytest.approx(
+        [1 / 61 + 1 / 63, 1 / 62 + 1 / 61, 1 / 63 + 1 / 61]
+    )
+    assert rrf([], k=60) == {}
 
 
-def test_fuse_ranks_weights_each_list() -> None:
-    fused = fuse_ranks([[0.9, 0.5], [0.1, 0.7]], k=10, weights=[1.0, 0.5])
-    assert fused == pytest.approx([1 / 11 + 0.5 / 12, 1 / 12 + 0.5 / 11])
+def test_rrf_of_id_lists_counts_an_id_each_list_places_and_keeps_first_met_order() -> None:
+    fused = rrf([ranks_in_order(["a", "b"]), ranks_in_order(["c", "a"])], k=60)
+    assert list(fused) == ["a", "b", "c"]
+    assert fused == pytest.approx({"a": 1 / 61 + 1 / 62, "b": 1 / 62, "c": 1 / 61})
+
+
+def test_rrf_weights_each_ranking() -> None:
+    rankings = [ranks_by_score([0.9, 0.5]), ranks_by_score([0.1, 0.7])]
+    fused = rrf(rankings, k=10, weights=[1.0, 0.5])
+    assert [fused[0], fused[1]] == pytest.approx([1 / 11 + 0.5 / 12, 1 / 12 + 0.5 / 11])
     with pytest.raises(ValueError, match="weight"):
-        fuse_ranks([[1.0], [1.0]], weights=[1.0])
+        rrf(rankings, k=10, weights=[1.0])
 
 
 def test_fusion_lifts_the_chunk_that_spells_out_the_questions_terms() -> None:

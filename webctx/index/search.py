@@ -12,7 +12,12 @@ from pydantic import BaseModel
 
 from webctx.index.refresh import IndexContext
 from webctx.stages.embed import embed_texts
-from webctx.stages.sparse import rrf
+from webctx.stages.rank import ranks_in_order, rrf
+
+RRF_K = 60
+"""The index's fusion constant: the paper's 60 (Cormack et al. 2009). The job rank's 30
+(`webctx.stages.rank.RRF_K`) was measured on job candidates; index search has not been
+measured against other values."""
 
 
 class IndexHit(BaseModel):
@@ -60,10 +65,10 @@ def search_index(
     # 2 x `pool` candidates' payloads (text included) cost more than both searches.
     ranked = (ctx.store.rank_live(vector, limit=pool, scope=scope),
               ctx.store.rank_live_sparse(query, limit=pool, scope=scope))  # fmt: skip
-    fused = rrf(ranked)[:limit]
+    ranks = [ranks_in_order(ids) for ids in ranked]
+    fused = sorted(rrf(ranks, k=RRF_K).items(), key=lambda item: -item[1])[:limit]
     points = ctx.store.retrieve([pid for pid, _ in fused])
     fused = [(pid, score) for pid, score in fused if pid in points]  # swept since: dropped
-    ranks = [{pid: rank for rank, pid in enumerate(ids, start=1)} for ids in ranked]
     records = ctx.index.records_of(tenant, [points[pid].chunk.content_sha256 for pid, _ in fused])
     out = []
     for pid, score in fused:

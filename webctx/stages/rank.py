@@ -9,24 +9,26 @@ tried, so the page holding the answer lost its 4th passage to other pages' weake
 (bench/answer_recall.py, docs/benchmarks.md). A cap, when given, still works that way.
 
 Scores are cosine similarities, or, after `fuse_lexical`, reciprocal-rank fusions of cosine
-and BM25 ranks (what `answer_question` passes in).
+and BM25 ranks (what `answer_question` passes in). `rrf` is webctx's one reciprocal-rank
+fusion: the index's hybrid search fuses its dense and sparse rankings with it too.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from webctx.models import ScoredChunk
+from webctx.stages.sparse import bm25_scores
 
 _Vector = npt.NDArray[np.float64]
-_WORD = re.compile(r"\w+", re.UNICODE)
+T = TypeVar("T", bound=Hashable)
 RRF_K = 30
 """Reciprocal-rank-fusion constant (Cormack et al. 2009): rank r adds 1 / (RRF_K + r).
 30, not the paper's 60: at least as good at every budget on both seeds of
@@ -46,57 +48,38 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return float(va @ vb) / norms if norms > 0.0 else 0.0
 
 
-def bm25_scores(
-    query: str, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75
-) -> list[float]:
-    """Okapi BM25 of each text for `query`, document frequencies taken over `texts`."""
-    # Lower-cased before splitting (one call per text, not per word): a third of the time
-    # of ranking a job's ~1,000 candidates went to per-word lower().
-    docs = [Counter(_WORD.findall(t.lower())) for t in texts]
-    if not docs:
-        return []
-    terms = set(_WORD.findall(query.lower()))
-    lengths = [sum(d.values()) for d in docs]
-    avg = sum(lengths) / len(docs) or 1.0
-    n = len(docs)
-    idf = {}
-    for term in terms:
-        df = sum(1 for d in docs if term in d)
-        idf[term] = math.log(1 + (n - df + 0.5) / (df + 0.5))
-    scores = []
-    for doc, length in zip(docs, lengths, strict=True):
-        norm = k1 * (1 - b + b * length / avg)
-        scores.append(
-            sum(idf[t] * doc[t] * (k1 + 1) / (doc[t] + norm) for t in terms if t in doc)
-        )
-    return scores
-
-
-def fuse_ranks(
-    score_lists: Sequence[Sequence[float]],
-    *,
-    k: int = RRF_K,
-    weights: Sequence[float] | None = None,
-) -> list[float]:
-    """Reciprocal rank fusion of several scorings of the same items (higher is better).
-
-    Each list ranks the items by its own score (ties share the better rank); an item's
-    fused score is the sum of weight / (k + rank) over the lists, rank 1 being the best.
-    """
-    if not score_lists:
-        return []
-    weights = [1.0] * len(score_lists) if weights is None else weights
-    if len(weights) != len(score_lists):
-        raise ValueError("one weight per score list")
-    fused = [0.0] * len(score_lists[0])
-    for scores, weight in zip(score_lists, weights, strict=True):
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])
-        rank = 0
-        for position, i in enumerate(order):
-            if position == 0 or scores[i] != scores[order[position - 1]]:
-                rank = position + 1
-            fused[i] += weight / (k + rank)
+def rrf(
+    rankings: Sequence[Mapping[T, int]], *, k: int, weights: Sequence[float] | None = None
+) -> dict[T, float]:
+    """Reciprocal rank fusion (Cormack et al. 2009): each item's sum, over the rankings that
+    place it, of weight / (k + rank), rank 1 being the best. Items come in the order they
+    are first met (first ranking first), which breaks ties of a stable sort by score."""
+    weights = [1.0] * len(rankings) if weights is None else weights
+    if len(weights) != len(rankings):
+        raise ValueError("one weight per ranking")
+    fused: dict[T, float] = {}
+    for ranking, weight in zip(rankings, weights, strict=True):
+        for item, rank in ranking.items():
+            fused[item] = fused.get(item, 0.0) + weight / (k + rank)
     return fused
+
+
+def ranks_in_order(items: Sequence[T]) -> dict[T, int]:
+    """item -> its 1-based place in a best-first list."""
+    return {item: rank for rank, item in enumerate(items, start=1)}
+
+
+def ranks_by_score(scores: Sequence[float]) -> dict[int, int]:
+    """position -> its 1-based rank by score, higher first; equal scores share the better
+    rank."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    ranks: dict[int, int] = {}
+    rank = 0
+    for place, i in enumerate(order):
+        if place == 0 or scores[i] != scores[order[place - 1]]:
+            rank = place + 1
+        ranks[i] = rank
+    return ranks
 
 
 def fuse_lexical(
@@ -109,8 +92,8 @@ def fuse_lexical(
     out; BM25 alone misses paraphrase (bench/answer_recall.py).
     """
     lexical = bm25_scores(question, [c.chunk.text for c in candidates])
-    fused = fuse_ranks([[c.score for c in candidates], lexical], k=k)
-    return [c.model_copy(update={"score": f}) for c, f in zip(candidates, fused, strict=True)]
+    fused = rrf([ranks_by_score([c.score for c in candidates]), ranks_by_score(lexical)], k=k)
+    return [c.model_copy(update={"score": fused[i]}) for i, c in enumerate(candidates)]
 
 
 VectorLookup = Callable[[Sequence[ScoredChunk]], Sequence[Sequence[float]]]
