@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from webctx.adapters.hash_embedder import HashEmbedder
-from webctx.adapters.openai_embedder import OpenAIEmbedder, parse_duration, retry_after_s
+from webctx.adapters.openai_embedder import OpenAIEmbedder
 from webctx.devweb.embeddings import EmbeddingsControl, embeddings_control, make_embeddings_app
 from webctx.devweb.server import LoopbackServer
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
+from webctx.net.ratelimit import parse_duration, retry_after_s
 from webctx.protocols import Embedder
 from webctx.stages.embed import Batch, EmbedOutcome, embed_texts, plan_batches
 from webctx.tokens import count_tokens, truncate_to_tokens

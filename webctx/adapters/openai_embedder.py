@@ -15,52 +15,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import httpx
 import numpy as np
 import openai
 
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
+from webctx.net.ratelimit import rate_limit_headers, retry_after_s
 
 PROVIDER = "openai"
 # Local OpenAI-compatible servers ignore the key, but the client refuses to start without one.
 _PLACEHOLDER_KEY = "unused"
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 # Statuses the openai client itself would retry: a lock timeout or a request timeout.
 _TRANSIENT_4XX = {408, 409}
-
-
-def parse_duration(value: str) -> float | None:
-    """Seconds in an OpenAI reset duration such as "1s", "6m0s", "17ms"; None if unparsable."""
-    parts = _DURATION_PART.findall(value.strip())
-    if not parts or "".join(n + u for n, u in parts) != value.strip():
-        return None
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
-
-
-def retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """How long a 429 asks us to wait, from the most precise header present."""
-    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
-        try:
-            return max(0.0, float(headers.get(name, "")) * scale)
-        except ValueError:
-            continue  # absent, or an HTTP date: OpenAI sends delta-seconds
-    # No retry-after: wait for whichever exhausted limit resets last.
-    waits = [
-        parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
-        for kind in ("requests", "tokens")
-        if headers.get(f"x-ratelimit-remaining-{kind}") == "0"
-    ]
-    known = [w for w in waits if w is not None]
-    return max(known) if known else None
-
-
-def rate_limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The `x-ratelimit-*` headers of a response, lower-cased."""
-    return {k.lower(): v for k, v in headers.items() if k.lower().startswith("x-ratelimit-")}
 
 
 class OpenAIEmbedder:

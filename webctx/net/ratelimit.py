@@ -12,6 +12,10 @@ Every worker process that embeds with the same key shares one sliding-window log
 stored. Each step is one Lua script, so "check both limits, then reserve" is atomic
 across processes and a window never admits more than the limit (a token bucket would
 admit up to twice the limit over some window). Time is Redis's clock, not the workers'.
+
+The provider's rate-limit headers are read here too (`rate_limit_headers`,
+`retry_after_s`, `parse_duration`): the limiter learns from them, and the embeddings
+adapter uses them to translate a 429.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,6 +35,8 @@ from webctx.errors import ConfigError, RateLimited
 
 logger = logging.getLogger(__name__)
 _LEARNED_TTL_S = 24 * 3600
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 _NOW = """
 local t = redis.call('TIME')
@@ -216,8 +223,6 @@ class RedisRateLimiter:
 
         `remaining == 0` alone does not pause: the log already waits for the exact slot,
         and the server's reset is when its *whole* window clears, far too long to wait."""
-        from webctx.adapters.openai_embedder import parse_duration
-
         for kind, field in (("requests", "rpm"), ("tokens", "tpm")):
             limit = _int(headers.get(f"x-ratelimit-limit-{kind}"))
             remaining = _int(headers.get(f"x-ratelimit-remaining-{kind}"))
@@ -242,3 +247,34 @@ def _int(value: str | None) -> int | None:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+# -- the provider's rate-limit headers ----------------------------------------------------
+def parse_duration(value: str) -> float | None:
+    """Seconds in an OpenAI reset duration such as "1s", "6m0s", "17ms"; None if unparsable."""
+    parts = _DURATION_PART.findall(value.strip())
+    if not parts or "".join(n + u for n, u in parts) != value.strip():
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """How long a 429 asks us to wait, from the most precise header present."""
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        try:
+            return max(0.0, float(headers.get(name, "")) * scale)
+        except ValueError:
+            continue  # absent, or an HTTP date: OpenAI sends delta-seconds
+    # No retry-after: wait for whichever exhausted limit resets last.
+    waits = [
+        parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
+        for kind in ("requests", "tokens")
+        if headers.get(f"x-ratelimit-remaining-{kind}") == "0"
+    ]
+    known = [w for w in waits if w is not None]
+    return max(known) if known else None
+
+
+def rate_limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The `x-ratelimit-*` headers of a response, lower-cased."""
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith("x-ratelimit-")}
