@@ -112,7 +112,7 @@ def start_web() -> tuple[Web, list[Question]]:
     search = LoopbackServer(
         make_searxng_app([SearchDoc(site.url + d.url_path, d.title, d.text) for d in docs])
     ).start()
-    embed = HashEmbedder(model=MODEL).embed
+    embed = HashEmbedder(model=MODEL).vectors
     embeddings = LoopbackServer(
         make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None, latency_s=EMBED_LATENCY_S)
     ).start()

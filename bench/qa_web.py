@@ -24,6 +24,7 @@ from webctx.devweb.embeddings import make_embeddings_app
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, make_site_app
+from webctx.protocols import Embeddings
 
 ROOT = Path(__file__).resolve().parent.parent
 # Vector cache; $WEBCTX_BENCH_OUT points elsewhere (e.g. an empty folder for a cold run).
@@ -148,17 +149,18 @@ class CachedMiniLM:
         self._lock = threading.Lock()
         self.computed = 0
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
+    def embed(self, texts: list[str]) -> Embeddings:
         """Vectors for `texts`, computing only the ones not cached."""
         found = self.cache.lookup(texts)
         missing = sorted({t for t, v in zip(texts, found, strict=True) if v is None})
         if missing:
             with self._lock:  # one model run at a time: 2 cores
-                fresh = np.asarray(self._local.embed(missing), dtype=np.float32)
+                fresh = np.asarray(self._local.embed(missing).vectors, dtype=np.float32)
                 self.cache.add(missing, fresh)
                 self.computed += len(missing)
             found = self.cache.lookup(texts)
-        return [np.asarray(v, dtype=np.float64).tolist() for v in found if v is not None]
+        return Embeddings([np.asarray(v, dtype=np.float64).tolist() for v in found
+                           if v is not None])  # fmt: skip
 
 
 @dataclass
@@ -188,7 +190,8 @@ def start_qa_web(docs: Sequence[QADoc]) -> QAWeb:
     search = LoopbackServer(make_searxng_app(search_docs)).start()
     embedder = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}.bin"))
     embeddings = LoopbackServer(
-        make_embeddings_app(embedder.embed, model=MODEL, rpm=None, tpm=None)
+        make_embeddings_app(lambda texts: embedder.embed(texts).vectors, model=MODEL, rpm=None,
+                            tpm=None)  # fmt: skip
     ).start()
     served = {site.url + p: m for p, m in markup.items()}
     return QAWeb(

@@ -170,7 +170,7 @@ def main() -> None:
     site_url = f"http://127.0.0.1:{port}"
     wait_up(site_url)
     hasher = HashEmbedder(model=MODEL)
-    emb = LoopbackServer(make_embeddings_app(hasher.embed, model=MODEL, rpm=None, tpm=None))
+    emb = LoopbackServer(make_embeddings_app(hasher.vectors, model=MODEL, rpm=None, tpm=None))
     emb.start()
     tmp = Path(tempfile.mkdtemp(prefix="bench-reindex-"))
     store = EdgeVectorStore(tmp / "q")

@@ -94,7 +94,7 @@ def start_test_web(*, rpm: int | None = 600, tpm: int | None = 2_000_000) -> Loo
     ]
     docs += [SearchDoc(site.url + path, title, TOPIC) for path, (_, title) in HOSTILE.items()]
     search = LoopbackServer(make_searxng_app(docs)).start()
-    embed = HashEmbedder(model=MODEL).embed
+    embed = HashEmbedder(model=MODEL).vectors
     embeddings = LoopbackServer(
         make_embeddings_app(embed, model=MODEL, rpm=rpm, tpm=tpm, window_s=10.0)
     ).start()

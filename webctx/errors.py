@@ -12,7 +12,7 @@ WebctxError
 +-- Conflict                     # not in a state that allows this: 409
 |   +-- BatchConflict            # the batch name holds a different file
 +-- TransientError               # the only thing Celery retries
-|   +-- RateLimited(retry_after) # 429 from a provider
+|   +-- RateLimited(retry_after, rate_limits)  # 429 from a provider
 |   +-- FetchTimeout(url)        # also a FetchError
 |   +-- ProviderUnavailable      # 5xx / connection errors from search, embeddings, store
 +-- FetchError(url)
@@ -28,6 +28,8 @@ raise ToolError with the message.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class WebctxError(Exception):
@@ -91,11 +93,19 @@ class TransientError(WebctxError):
 
 
 class RateLimited(TransientError):
-    """The provider answered 429; retry after `retry_after` seconds."""
+    """The provider answered 429; retry after `retry_after` seconds. `rate_limits`: the
+    answer's `x-ratelimit-*` headers, lower-cased (empty when it sent none)."""
 
-    def __init__(self, message: str = "rate limited", *, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "rate limited",
+        *,
+        retry_after: float | None = None,
+        rate_limits: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.rate_limits: Mapping[str, str] = dict(rate_limits or {})
 
 
 class ProviderUnavailable(TransientError):

@@ -7,7 +7,7 @@ see httpx, openai or qdrant_client exceptions.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from webctx.errors import FetchError
@@ -41,15 +41,25 @@ class Fetcher(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Embeddings:
+    """One embedder call's answer: a vector per text, and what the provider said of its
+    rate limits (`x-ratelimit-*` headers, lower-cased; empty when it says nothing)."""
+
+    vectors: list[list[float]]
+    rate_limits: Mapping[str, str] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Embedder(Protocol):
     """Turns texts into vectors."""
 
     model: str
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One vector per text, same order, in one provider request.
-        Raises RateLimited, ProviderUnavailable, ProviderError."""
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """One vector per text, same order, in one provider request, with the provider's
+        rate-limit headers of that answer. Raises RateLimited (with the 429's headers),
+        ProviderUnavailable, ProviderError."""
         ...
 
 

@@ -41,7 +41,7 @@ def start_paced_web(delay_s: float = PAGE_DELAY_S) -> LoopbackWeb:
         for p in corpus
     ]
     search = LoopbackServer(make_searxng_app(docs)).start()
-    embed = HashEmbedder(model=MODEL).embed
+    embed = HashEmbedder(model=MODEL).vectors
     embeddings = LoopbackServer(make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None)).start()
     return LoopbackWeb(site=site, search=search, embeddings=embeddings, hits=hits)
 

@@ -89,7 +89,7 @@ def start_mini_web(*, embed_latency_s: float = 0.0) -> MiniWeb:
     site = LoopbackServer(make_site_app(pages, hits=hits)).start()
     docs = [SearchDoc(site.url + path, path, TOPIC) for path in pages]
     search = LoopbackServer(make_searxng_app(docs)).start()
-    app = make_embeddings_app(HashEmbedder(model=MODEL).embed, model=MODEL, rpm=None, tpm=None,
+    app = make_embeddings_app(HashEmbedder(model=MODEL).vectors, model=MODEL, rpm=None, tpm=None,
                               latency_s=embed_latency_s)  # fmt: skip
     embeddings = LoopbackServer(app).start()
     return MiniWeb(site, search, embeddings, hits, sorted(pages))

@@ -93,7 +93,7 @@ def hostile_web() -> Iterator[HostileWeb]:
     docs += [SearchDoc(site.url + path, path, TOPIC) for path in pages]
     docs.append(SearchDoc(forbidden.url + "/direct", "direct", TOPIC))
     search = LoopbackServer(make_searxng_app(docs)).start()
-    embed = HashEmbedder(model=MODEL).embed
+    embed = HashEmbedder(model=MODEL).vectors
     embeddings = LoopbackServer(make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None)).start()
     expected = {site.url + path: reason for path, (_, reason) in pages.items()}
     expected[forbidden.url + "/direct"] = "blocked"

@@ -137,7 +137,7 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
     def embed(texts: list[str]) -> list[list[float]]:
         for text in texts:
             embedded_texts[text] += 1
-        return hasher.embed(texts)
+        return hasher.vectors(texts)
 
     web = LoopbackServer(site.app()).start()
     emb = LoopbackServer(make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None)).start()

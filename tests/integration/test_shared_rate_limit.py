@@ -92,7 +92,7 @@ def _serve(**kwargs: Any) -> tuple[LoopbackServer, EmbeddingsControl, list[float
 
     def embed(texts: list[str]) -> list[list[float]]:
         accepted.append(time.time())
-        return HASH.embed(texts)
+        return HASH.vectors(texts)
 
     app = make_embeddings_app(embed, model=MODEL, window_s=1.0, **kwargs)
     return LoopbackServer(app), embeddings_control(app), accepted

@@ -43,7 +43,7 @@ def limited() -> Iterator[Limited]:
     """An embeddings API allowing 5 requests and 1000 tokens a second, 3 inputs and 50 tokens
     a request, and a client for it."""
     app = make_embeddings_app(
-        HASH.embed,
+        HASH.vectors,
         model=MODEL,
         rpm=5,
         tpm=1000,
@@ -76,7 +76,7 @@ def test_burst_accepts_exactly_rpm_requests(limited: Limited) -> None:
 
 
 def test_sustained_hammering_never_exceeds_rpm() -> None:
-    app = make_embeddings_app(HASH.embed, model=MODEL, rpm=3, tpm=None, window_s=0.25)
+    app = make_embeddings_app(HASH.vectors, model=MODEL, rpm=3, tpm=None, window_s=0.25)
     accepted = 0
     with LoopbackServer(app) as server, httpx.Client(base_url=server.url) as client:
         started = time.monotonic()
@@ -88,7 +88,7 @@ def test_sustained_hammering_never_exceeds_rpm() -> None:
 
 
 def test_token_limit_answers_429_until_tokens_age_out() -> None:
-    app = make_embeddings_app(HASH.embed, model=MODEL, rpm=None, tpm=30, window_s=0.3)
+    app = make_embeddings_app(HASH.vectors, model=MODEL, rpm=None, tpm=30, window_s=0.3)
     with LoopbackServer(app) as server, httpx.Client(base_url=server.url) as client:
         twenty = " ".join(["word"] * 20)  # 20 tokens
         assert post(client, twenty).status_code == 200
@@ -155,7 +155,7 @@ def test_models_listing(limited: Limited) -> None:
 
 
 def test_latency_is_added() -> None:
-    app = make_embeddings_app(HASH.embed, model=MODEL, rpm=None, tpm=None, latency_s=0.2)
+    app = make_embeddings_app(HASH.vectors, model=MODEL, rpm=None, tpm=None, latency_s=0.2)
     with LoopbackServer(app) as server, httpx.Client(base_url=server.url) as client:
         started = time.monotonic()
         assert post(client, "hi").status_code == 200

@@ -35,7 +35,7 @@ def serve() -> Iterator[Serve]:
         *, dimensions: int | None = None, key: str | None = KEY, **app_kwargs: object
     ) -> tuple[OpenAIEmbedder, EmbeddingsControl]:
         kwargs: dict[str, object] = {"rpm": None, "tpm": None, "api_key": KEY, **app_kwargs}
-        app = make_embeddings_app(HASH.embed, model=MODEL, **kwargs)  # type: ignore[arg-type]
+        app = make_embeddings_app(HASH.vectors, model=MODEL, **kwargs)  # type: ignore[arg-type]
         server = LoopbackServer(app).start()
         servers.append(server)
         embedder = OpenAIEmbedder(
@@ -66,14 +66,14 @@ def run(embedder: Embedder, texts: list[str], **overrides: object) -> EmbedOutco
 
 def test_vectors_match_hash_embedder_through_base64(serve: Serve) -> None:
     embedder, _ = serve()
-    vectors = embedder.embed(TEXTS[:3])  # the client asks for base64 and decodes float32
-    np.testing.assert_allclose(vectors, HASH.embed(TEXTS[:3]), atol=1e-6)
-    assert embedder.embed([]) == []
+    vectors = embedder.embed(TEXTS[:3]).vectors  # the client asks for base64, decodes float32
+    np.testing.assert_allclose(vectors, HASH.vectors(TEXTS[:3]), atol=1e-6)
+    assert embedder.embed([]).vectors == []
 
 
 def test_the_api_key_is_sent_as_a_bearer_token(serve: Serve) -> None:
     embedder, _ = serve()
-    assert len(embedder.embed(["x"])) == 1
+    assert len(embedder.embed(["x"]).vectors) == 1
     wrong, _ = serve(key="sk-wrong")
     with pytest.raises(ProviderError, match="401"):
         wrong.embed(["x"])
@@ -98,7 +98,7 @@ def test_a_server_that_ignores_base64_and_sends_floats_is_understood() -> None:
             {"object": "embedding", "index": 0, "embedding": [0.25, -2.0]}]  # fmt: skip
     server, embedder = _answering({"object": "list", "data": rows})
     try:
-        assert embedder.embed(["a", "b"]) == [[0.25, -2.0], [0.5, 1.0]]
+        assert embedder.embed(["a", "b"]).vectors == [[0.25, -2.0], [0.5, 1.0]]
     finally:
         server.stop()
 
@@ -130,7 +130,7 @@ def test_texts_packed_into_minimum_requests(serve: Serve) -> None:
     outcome = run(embedder, TEXTS, max_inputs=4)
     assert outcome.requests == control.stats.requests == 3  # ceil(10 / 4)
     assert outcome.tokens == control.stats.tokens == sum(count_tokens(t) for t in TEXTS)
-    np.testing.assert_allclose(outcome.vectors, HASH.embed(TEXTS), atol=1e-6)
+    np.testing.assert_allclose(outcome.vectors, HASH.vectors(TEXTS), atol=1e-6)
 
 
 def test_plan_batches_beats_input_order_when_tokens_bind() -> None:
@@ -152,7 +152,7 @@ def test_rate_limit_storm_is_retried_until_it_succeeds(serve: Serve) -> None:
     assert outcome.requests == control.stats.accepted == 5
     assert outcome.retries == control.stats.rejected_429
     assert time.monotonic() - started >= 0.8  # three windows: the limiter really held us back
-    np.testing.assert_allclose(outcome.vectors, HASH.embed(TEXTS), atol=1e-6)
+    np.testing.assert_allclose(outcome.vectors, HASH.vectors(TEXTS), atol=1e-6)
 
 
 def test_injected_429_retry_after_is_honoured(serve: Serve) -> None:
@@ -162,7 +162,6 @@ def test_injected_429_retry_after_is_honoured(serve: Serve) -> None:
     outcome = run(embedder, TEXTS[:2], sleep=slept.append)
     assert outcome.retries == 3 and control.stats.rejected_429 == 0
     assert all(0.05 <= s < 0.2 for s in slept)  # retry-after-ms 50, plus jitter
-    assert embedder.last_rate_limits == {}  # this server sets no limits
 
 
 def test_server_errors_are_retried(serve: Serve) -> None:
@@ -203,13 +202,13 @@ def test_long_text_truncated_not_refused(serve: Serve) -> None:
     long_text = " ".join(f"word{i}" for i in range(400))
     outcome = run(embedder, [long_text, "short"], max_input_tokens=100)
     assert outcome.truncated == 1 and control.stats.rejected_400 == 0
-    expected = HASH.embed([truncate_to_tokens(long_text, 100), "short"])
+    expected = HASH.vectors([truncate_to_tokens(long_text, 100), "short"])
     np.testing.assert_allclose(outcome.vectors, expected, atol=1e-6)
 
 
 def test_dimensions_truncate_and_renormalise(serve: Serve) -> None:
     embedder, _ = serve(dimensions=64)
-    (vector,) = embedder.embed(["celery retries tasks on redis"])
+    (vector,) = embedder.embed(["celery retries tasks on redis"]).vectors
     full = np.asarray(HASH.embed_one("celery retries tasks on redis"))[:64]
     assert len(vector) == 64
     np.testing.assert_allclose(vector, full / np.linalg.norm(full), atol=1e-6)
@@ -221,11 +220,21 @@ def test_dimensions_above_native_is_provider_error(serve: Serve) -> None:
         embedder.embed(["x"])
 
 
-def test_rate_limit_headers_exposed(serve: Serve) -> None:
+def test_each_answer_comes_with_its_own_rate_limit_headers(serve: Serve) -> None:
     embedder, _ = serve(rpm=100, tpm=10_000)
-    embedder.embed(["hello world"])
-    assert embedder.last_rate_limits["x-ratelimit-remaining-requests"] == "99"
-    assert embedder.last_rate_limits["x-ratelimit-remaining-tokens"] == str(10_000 - 2)
+    first, second = embedder.embed(["hello world"]), embedder.embed(["hello world"])
+    assert first.rate_limits["x-ratelimit-remaining-requests"] == "99"
+    assert first.rate_limits["x-ratelimit-remaining-tokens"] == str(10_000 - 2)
+    assert second.rate_limits["x-ratelimit-remaining-requests"] == "98"
+
+
+def test_a_429_carries_its_rate_limit_headers(serve: Serve) -> None:
+    embedder, control = serve(rpm=100, tpm=10_000)
+    control.fail_next(1, status=429, retry_after=2.0)
+    with pytest.raises(RateLimited) as refused:
+        embedder.embed(["x"])
+    assert refused.value.retry_after == pytest.approx(2.0)
+    assert "x-ratelimit-limit-requests" in refused.value.rate_limits
 
 
 def test_wrong_model_is_provider_error(serve: Serve) -> None:
@@ -236,7 +245,7 @@ def test_wrong_model_is_provider_error(serve: Serve) -> None:
 
 
 def test_unreachable_server_is_provider_unavailable() -> None:
-    with LoopbackServer(make_embeddings_app(HASH.embed, model=MODEL, rpm=None, tpm=None)) as srv:
+    with LoopbackServer(make_embeddings_app(HASH.vectors, model=MODEL, rpm=None, tpm=None)) as srv:
         url = srv.url
     embedder = OpenAIEmbedder(base_url=f"{url}/v1", api_key=KEY, model=MODEL, timeout_s=2)
     with pytest.raises(ProviderUnavailable):

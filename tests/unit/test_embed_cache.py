@@ -12,6 +12,7 @@ import redis
 from tests.conftest import redis_url
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.jobs.embed_cache import PREFIX, RedisEmbeddingCache, cache_key
+from webctx.protocols import Embeddings
 from webctx.stages.embed import CachedEmbedOutcome, embed_with_cache
 from webctx.tokens import count_tokens
 
@@ -33,7 +34,7 @@ class CountingEmbedder:
         self.model = "hash-64"
         self.sent: list[str] = []
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed(self, texts: Sequence[str]) -> Embeddings:
         self.sent += texts
         return self.inner.embed(texts)
 

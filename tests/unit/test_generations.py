@@ -42,7 +42,7 @@ def r() -> Iterator[redis.Redis]:
 def page_points(page: Page, n: int = 3) -> list[StoredChunk]:
     chunks = [Chunk(content_sha256=page.content_sha256, index=i, start=i, end=i + 1,
                     text=f"{page.title} words {i}", tokens=3) for i in range(n)]  # fmt: skip
-    vectors = HashEmbedder().embed([c.text for c in chunks])
+    vectors = HashEmbedder().vectors([c.text for c in chunks])
     return make_points(chunks, vectors, url=page.url, model="hash-embedding")
 
 
@@ -79,7 +79,7 @@ def test_marks_make_pages_live_and_dead_by_generation(index_store: LiveIndexStor
     b = make_page(url="https://b.test/", text="beta", title="beta", site="b.test")
     for page in (a, b):
         store_page(index_store, page)
-    vector = HashEmbedder().embed(["alpha words 1"])[0]
+    vector = HashEmbedder().vectors(["alpha words 1"])[0]
 
     def found(generation: int, **kw: object) -> set[str]:
         scope = IndexScope(TK, generation, **kw)  # type: ignore[arg-type]
@@ -118,7 +118,7 @@ def test_ranking_by_id_matches_the_searches_and_retrieve_reads_only_those(
         store_page(index_store, page)
     index_store.mark_pages(tenant_key=TK, generation=1, dead=[],
                           live={p.content_sha256: "s.test" for p in pages})  # fmt: skip
-    scope, vector = IndexScope(TK, 1), HashEmbedder().embed(["t1 words 2"])[0]
+    scope, vector = IndexScope(TK, 1), HashEmbedder().vectors(["t1 words 2"])[0]
     dense = index_store.rank_live(vector, limit=4, scope=scope)
     sparse = index_store.rank_live_sparse("t1 words", limit=4, scope=scope)
     key = {pid: (p.chunk.content_sha256, p.chunk.start) for pid, p in points.items()}

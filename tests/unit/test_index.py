@@ -7,7 +7,7 @@ the test Redis db; the store is the in-memory adapter (the contract tests cover 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from webctx.index.sources import Source, SourceRegistry
 from webctx.jobs.caches import IndexedPages
 from webctx.jobs.store import JobStore
 from webctx.models import Chunk, Download, StoredChunk
-from webctx.protocols import IndexStore
+from webctx.protocols import Embeddings, IndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
 from webctx.stages.store import make_points
 from webctx.workers.index_tasks import index_context
@@ -94,7 +94,7 @@ class CountingEmbedder(HashEmbedder):
         super().__init__(model="hash-embedding")
         self.texts = 0
 
-    def embed(self, texts: list[str]) -> list[list[float]]:  # type: ignore[override]
+    def embed(self, texts: Sequence[str]) -> Embeddings:
         self.texts += len(texts)
         return super().embed(texts)
 
@@ -278,7 +278,7 @@ def _points(url: str, texts: list[str]) -> list[StoredChunk]:
         chunks.append(Chunk(content_sha256=page.content_sha256, index=i, start=start,
                             end=start + len(t), text=t, tokens=len(t.split())))  # fmt: skip
         pos = start + len(t)
-    vectors = HashEmbedder().embed(texts)
+    vectors = HashEmbedder().vectors(texts)
     return make_points(chunks, vectors, url=url, model="hash-embedding")
 
 

@@ -35,7 +35,7 @@ def test_embeds_offline_with_meaning(embedder: LocalEmbedder) -> None:
         "A Celery task is re-run after losing the connection to its broker.",
         "The recipe needs two eggs and a cup of flour.",
     ]
-    vectors = np.array(embedder.embed(texts))
+    vectors = np.array(embedder.embed(texts).vectors)
     assert vectors.shape == (3, DIMENSIONS)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     sims = vectors @ vectors.T
@@ -44,9 +44,9 @@ def test_embeds_offline_with_meaning(embedder: LocalEmbedder) -> None:
 
 @needs_extra
 def test_same_text_same_vector_and_empty_input(embedder: LocalEmbedder) -> None:
-    a, b = embedder.embed(["redis", "redis"])
+    a, b = embedder.embed(["redis", "redis"]).vectors
     np.testing.assert_allclose(a, b, atol=1e-6)
-    assert embedder.embed([]) == []
+    assert embedder.embed([]).vectors == []
 
 
 def test_without_the_extra_a_clear_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
@@ -15,6 +15,8 @@ import redis
 from tests.conftest import redis_url
 from webctx.errors import ConfigError, RateLimited
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
+from webctx.protocols import Embeddings
+from webctx.stages.embed import LimitedEmbedder
 
 # Windows of a fraction of a second: these run alone (make test), not beside other tests.
 pytestmark = pytest.mark.serial
@@ -124,3 +126,33 @@ def test_threads_never_exceed_the_limit_in_any_window(r: redis.Redis) -> None:
     for i, at in enumerate(stamps):
         in_window = [s for s in stamps[i:] if s < at + window * 1000]
         assert len(in_window) <= rpm
+
+
+class AnsweringEmbedder:
+    """Answers every call with the given rate-limit headers, or refuses it with a 429."""
+
+    model = "m"
+
+    def __init__(self, limits: dict[str, str], *, refuse: bool = False) -> None:
+        self.limits, self.refuse = limits, refuse
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        if self.refuse:
+            raise RateLimited("429", retry_after=0.01, rate_limits=self.limits)
+        return Embeddings([[1.0] for _ in texts], self.limits)
+
+
+def test_a_limited_embedder_learns_from_the_headers_of_each_answer(r: redis.Redis) -> None:
+    limiter = make(r)
+    headers = {"x-ratelimit-limit-requests": "7", "x-ratelimit-limit-tokens": "900"}
+    assert LimitedEmbedder(AnsweringEmbedder(headers), limiter).embed(["a"]).vectors == [[1.0]]
+    assert limiter.learned() == {"rpm": 7, "tpm": 900}
+
+
+def test_a_limited_embedder_learns_from_a_429_too(r: redis.Redis) -> None:
+    limiter = make(r)
+    refused = AnsweringEmbedder({"x-ratelimit-limit-requests": "5"}, refuse=True)
+    with pytest.raises(RateLimited):
+        LimitedEmbedder(refused, limiter).embed(["a"])
+    assert limiter.learned() == {"rpm": 5}
+    assert limiter.paused_for() > 0

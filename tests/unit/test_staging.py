@@ -24,7 +24,7 @@ def _staging(scope: str = "s1") -> ChunkStaging:
 def test_staged_chunks_come_back_identical_to_what_the_embed_stage_made() -> None:
     page = make_page(text=TEXT)
     chunks = chunk_page(page, max_tokens=64, overlap_tokens=8)
-    vectors = HashEmbedder().embed([c.text for c in chunks])
+    vectors = HashEmbedder().vectors([c.text for c in chunks])
     staging = _staging()
     staging.put(chunks, vectors)
 
@@ -103,7 +103,7 @@ def test_embed_then_store_writes_the_same_points_as_index_page() -> None:
     written = store_page(rebuilt, store=two_steps, url=page.final_url, model=embedder.model)
 
     assert written == len(embedded.chunks) > 1
-    query = embedder.embed(["narwhal tusks"])[0]
+    query = embedder.embed(["narwhal tusks"]).vectors[0]
 
     def stored(store: MemoryVectorStore) -> dict[tuple[int, int], tuple[object, list[float]]]:
         hits = store.search(query, limit=1000, content_sha256s=[page.content_sha256])

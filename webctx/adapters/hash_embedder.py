@@ -12,6 +12,8 @@ import math
 import re
 from collections.abc import Sequence
 
+from webctx.protocols import Embeddings
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -22,8 +24,13 @@ class HashEmbedder:
         self.model = model
         self.dimensions = dimensions
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One L2-normalised vector per text."""
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """One L2-normalised vector per text (no rate limits: nothing is sent anywhere)."""
+        return Embeddings(self.vectors(texts))
+
+    def vectors(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised vector per text, as a plain list (what the loopback embeddings
+        server answers with)."""
         return [self.embed_one(text) for text in texts]
 
     def embed_one(self, text: str) -> list[float]:

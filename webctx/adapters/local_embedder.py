@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol, cast
 
 from webctx.errors import ConfigError, ProviderError
+from webctx.protocols import Embeddings
 
 PROVIDER = "local"
 MODEL = "all-MiniLM-L6-v2"
@@ -56,10 +57,10 @@ class LocalEmbedder:
                 self._encoder = cast(_Encoder, model)
             return self._encoder
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed(self, texts: Sequence[str]) -> Embeddings:
         """One unit vector per text, same order. Raises ConfigError without the extra."""
         if not texts:
-            return []
+            return Embeddings([])
         encoder = self._load()
         try:
             array = encoder.encode(
@@ -72,4 +73,4 @@ class LocalEmbedder:
         except (RuntimeError, ValueError) as exc:
             raise ProviderError(PROVIDER, f"encode failed: {exc}") from exc
         rows = cast("list[list[float]]", array.tolist())  # type: ignore[attr-defined]
-        return [[float(x) for x in row] for row in rows]
+        return Embeddings([[float(x) for x in row] for row in rows])

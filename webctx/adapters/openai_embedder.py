@@ -23,6 +23,7 @@ import openai
 
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
 from webctx.net.ratelimit import rate_limit_headers, retry_after_s
+from webctx.protocols import Embeddings
 
 PROVIDER = "openai"
 # Local OpenAI-compatible servers ignore the key, but the client refuses to start without one.
@@ -45,7 +46,6 @@ class OpenAIEmbedder:
     ) -> None:
         self.model = model
         self.dimensions = dimensions
-        self.last_rate_limits: dict[str, str] = {}
         self._client = openai.OpenAI(
             base_url=base_url,
             api_key=api_key or _PLACEHOLDER_KEY,
@@ -53,11 +53,11 @@ class OpenAIEmbedder:
             max_retries=0,
         )
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One vector per text, same order. Raises RateLimited, ProviderUnavailable,
-        ProviderError."""
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """One vector per text, same order, with the answer's rate-limit headers. Raises
+        RateLimited (with the 429's headers), ProviderUnavailable, ProviderError."""
         if not texts:
-            return []
+            return Embeddings([])
         body: dict[str, object] = {
             "model": self.model,
             "input": list(texts),
@@ -73,12 +73,10 @@ class OpenAIEmbedder:
                 options={"security": {"bearer_auth": True}},
             )
         except openai.APIStatusError as exc:
-            self.last_rate_limits = rate_limit_headers(exc.response.headers)
             raise _translate_status(exc) from exc
         except openai.APIConnectionError as exc:  # includes APITimeoutError
             raise ProviderUnavailable(f"{PROVIDER}: {type(exc).__name__}: {exc}") from exc
-        self.last_rate_limits = rate_limit_headers(response.headers)
-        return _vectors(response, len(texts))
+        return Embeddings(_vectors(response, len(texts)), rate_limit_headers(response.headers))
 
     def close(self) -> None:
         """Close the underlying HTTP client."""
@@ -123,9 +121,9 @@ def _translate_status(exc: openai.APIStatusError) -> Exception:
         # Billing, not pacing: retrying cannot help.
         return ProviderError(PROVIDER, f"429 insufficient_quota: {exc.message}")
     if status == 429:
-        return RateLimited(
-            f"{PROVIDER}: 429: {exc.message}", retry_after=retry_after_s(exc.response.headers)
-        )
+        headers = exc.response.headers
+        return RateLimited(f"{PROVIDER}: 429: {exc.message}", retry_after=retry_after_s(headers),
+                           rate_limits=rate_limit_headers(headers))  # fmt: skip
     if status >= 500 or status in _TRANSIENT_4XX:
         return ProviderUnavailable(f"{PROVIDER}: HTTP {status}: {exc.message}")
     return ProviderError(PROVIDER, f"HTTP {status}: {exc.message}")

@@ -68,7 +68,7 @@ class DemoWeb:
         ]
         self.search = LoopbackServer(make_searxng_app(docs)).start()
         embedder = HashEmbedder(model=EMBEDDING_MODEL)
-        app = make_embeddings_app(embedder.embed, model=EMBEDDING_MODEL, rpm=None, tpm=None)
+        app = make_embeddings_app(embedder.vectors, model=EMBEDDING_MODEL, rpm=None, tpm=None)
         self.embeddings = LoopbackServer(app).start()
         return self
 

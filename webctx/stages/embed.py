@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable, RateLimited
-from webctx.protocols import Embedder
+from webctx.protocols import Embedder, Embeddings
 from webctx.tokens import count_tokens, truncate_to_tokens
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def _request(
     """One attempt at one batch."""
     if before_request is not None:
         before_request(batch)
-    vectors = embedder.embed(texts)
+    vectors = embedder.embed(texts).vectors
     if len(vectors) != len(texts):
         raise ProviderError(embedder.model, f"{len(vectors)} vectors for {len(texts)} texts")
     return vectors
@@ -241,34 +241,35 @@ class LimitedEmbedder:
     """An Embedder whose every request first reserves its tokens in a shared limiter.
 
     A 429 pauses the key for every process (for its retry-after) and releases the
-    reservation; every answer's x-ratelimit-* headers adapt the shared budget."""
+    reservation; every answer's x-ratelimit-* headers (a 429's too) adapt the shared
+    budget. The headers come with each call's own answer, so concurrent calls on one
+    embedder never read each other's."""
 
     def __init__(self, inner: Embedder, limiter: RedisRateLimiter) -> None:
         self.inner, self.limiter = inner, limiter
         self.model = inner.model
         self.dimensions: int | None = getattr(inner, "dimensions", None)
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed(self, texts: Sequence[str]) -> Embeddings:
         """One vector per text, sent once the shared limiter grants the tokens."""
         reservation = self.limiter.acquire(sum(count_tokens(t) for t in texts))
         try:
-            vectors = self.inner.embed(texts)
+            answer = self.inner.embed(texts)
         except RateLimited as exc:
             self.limiter.settle(reservation, sent=False)
             self.limiter.pause(exc.retry_after if exc.retry_after is not None else 1.0)
-            self._observe()
+            self._observe(exc.rate_limits)
             raise
         except Exception:
             self.limiter.settle(reservation)  # it may have been counted: keep it
             raise
         self.limiter.settle(reservation)
-        self._observe()
-        return vectors
+        self._observe(answer.rate_limits)
+        return answer
 
-    def _observe(self) -> None:
-        headers = getattr(self.inner, "last_rate_limits", None)
-        if isinstance(headers, dict) and headers:
-            self.limiter.observe(headers)
+    def _observe(self, rate_limits: Mapping[str, str]) -> None:
+        if rate_limits:
+            self.limiter.observe(rate_limits)
 
 
 def embed_with_cache(
