@@ -63,9 +63,17 @@ class Embedder(Protocol):
         ...
 
 
+# -- the vector store, one protocol per role -------------------------------------------------
+# Every backend (memory_store, edge_store, qdrant_store) plays every role; each caller types
+# its store by the role it uses. Contract tests run each role on every backend
+# (tests/unit/test_vector_store.py, tests/unit/test_index_store.py).
+
+
 @runtime_checkable
 class VectorStore(Protocol):
-    """Holds chunk vectors with their payload; upserts are idempotent by point id."""
+    """What a research job's store and rank steps use: content-addressed points (chunk
+    vectors with their payload), upserted idempotently by id and searched among the job's
+    own pages."""
 
     def upsert(self, points: Sequence[StoredChunk]) -> None:
         """Insert or overwrite points by id."""
@@ -88,29 +96,7 @@ class VectorStore(Protocol):
         ...
 
     def count(self) -> int:
-        """Number of points held."""
-        ...
-
-
-@runtime_checkable
-class IndexStore(VectorStore, Protocol):
-    """A VectorStore that also keeps BM25 sparse vectors and deletes by page (the index).
-
-    Every adapter implements it; the plain VectorStore contract stays what jobs rely on.
-    """
-
-    def delete_pages(self, content_sha256s: Sequence[str]) -> None:
-        """Delete every point (dense and sparse) of the given pages."""
-        ...
-
-    def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
-        """Index the points' chunk texts as sparse BM25 vectors under the same ids."""
-        ...
-
-    def search_sparse(
-        self, text: str, *, limit: int, content_sha256s: Sequence[str]
-    ) -> list[ScoredChunk]:
-        """Best BM25 text matches among the given pages, without vectors."""
+        """Number of points held (0: a store opened empty)."""
         ...
 
 
@@ -134,11 +120,16 @@ class IndexScope:
 
 
 @runtime_checkable
-class LiveIndexStore(IndexStore, Protocol):
-    """An IndexStore that marks pages live per tenant and generation, and searches by that.
+class IndexWriter(Protocol):
+    """What a re-index run writes beside the points it upserts: their BM25 sparse points,
+    the tenants' live marks, and the deletion of pages nothing points at any more.
 
     Marking touches payload only (no vectors), so a swap costs a few updates, and a
     tenant-wide search is one payload condition instead of a list of every page."""
+
+    def upsert_sparse(self, points: Sequence[StoredChunk]) -> None:
+        """Index the points' chunk texts as sparse BM25 vectors under the same ids."""
+        ...
 
     def mark_pages(
         self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
@@ -146,22 +137,22 @@ class LiveIndexStore(IndexStore, Protocol):
         """Make `live` pages (hash -> site) visible from `generation`, `dead` ones not."""
         ...
 
-    def search_live(
-        self, vector: Sequence[float], *, limit: int, scope: IndexScope
-    ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the scope's pages, without vectors."""
+    def delete_pages(self, content_sha256s: Sequence[str]) -> None:
+        """Delete every point (dense and sparse) of the given pages."""
         ...
 
-    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
-        """Best BM25 matches among the scope's pages, without vectors."""
-        ...
+
+@runtime_checkable
+class IndexReader(Protocol):
+    """What an index search reads: point ids ranked within a tenant's live pages (no
+    payload: fusion needs ranks only), then the few points it returns."""
 
     def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live`, best first: no payload is read (fusion needs ranks)."""
+        """Point ids of the nearest chunks by cosine among the scope's pages, best first."""
         ...
 
     def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live_sparse`, best first, without reading payloads."""
+        """Point ids of the best BM25 matches among the scope's pages, best first."""
         ...
 
     def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
@@ -169,9 +160,24 @@ class LiveIndexStore(IndexStore, Protocol):
         out (deleted since they were ranked)."""
         ...
 
+
+@runtime_checkable
+class IndexStore(VectorStore, IndexWriter, IndexReader, Protocol):
+    """Every role the persistent index uses: a re-index run writes pages' points, sparse
+    points and marks; a search reads them."""
+
+
+@runtime_checkable
+class Optimizable(Protocol):
+    """A store whose engine builds its search graphs only when asked (qdrant-edge)."""
+
+    def unindexed(self) -> int:
+        """Dense points not yet in a search graph (searched by brute force)."""
+        ...
+
     def optimize(self) -> bool:
-        """Build the indexes the engine leaves to the caller (qdrant-edge: HNSW); True if
-        anything was built. Blocks, and may take minutes on a large unindexed store."""
+        """Build the graphs the engine leaves to the caller; True if anything was built.
+        Blocks, and may take minutes on a large unindexed store."""
         ...
 
 

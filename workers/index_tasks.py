@@ -24,7 +24,7 @@ from webctx.index.page_records import PageIndex
 from webctx.index.refresh import IndexContext, optimize_if_due, refresh_source, sweep
 from webctx.index.search import IndexHit, search_index
 from webctx.index.sources import Source, SourceRegistry
-from webctx.protocols import LiveIndexStore
+from webctx.protocols import IndexStore
 from webctx.settings import Settings
 from webctx.workers.app import app
 from webctx.workers.deps import Deps, worker_deps
@@ -36,7 +36,7 @@ RUN_TTL_S = 24 * 3600
 def index_context(deps: Deps) -> IndexContext:
     """The re-index collaborators of this process's Deps."""
     store, fetcher = deps.store, deps.fetcher
-    if not isinstance(store, LiveIndexStore):
+    if not isinstance(store, IndexStore):
         raise ConfigError("the configured vector store cannot serve the index")
     return IndexContext(
         index=PageIndex(deps.jobs.r),

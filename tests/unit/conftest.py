@@ -13,12 +13,12 @@ from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.adapters.httpx_fetcher import HttpxFetcher
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.adapters.qdrant_store import QdrantVectorStore
-from webctx.protocols import LiveIndexStore
+from webctx.protocols import IndexStore
 
 
 @pytest.fixture(params=["memory", "edge", "qdrant-memory"])
-def index_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveIndexStore]:
-    """Each index-capable store in turn: in memory, the embedded engine, qdrant-client's
+def index_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[IndexStore]:
+    """Each backend in turn, in its index roles: in memory, the embedded engine, qdrant-client's
     local mode (the server's API)."""
     if request.param == "memory":
         yield MemoryVectorStore()

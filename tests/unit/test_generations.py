@@ -1,7 +1,7 @@
-"""Live marks and generations: what a tenant's index search sees, and the commit protocol.
+"""Generations: what a tenant's index search sees, and the commit protocol that moves it.
 
-The pointers run on the test Redis db; the stores are the adapters themselves (memory, the
-embedded engine, qdrant-client in memory) for the marks contract, memory elsewhere.
+The page records run on the test Redis db, the store is the memory backend (the marks
+themselves are each backend's contract: test_index_store.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from webctx.index.generations import Change, Commit, tenant_key
 from webctx.index.page_records import IndexedPage, PageIndex
 from webctx.index.refresh import IndexContext
 from webctx.index.search import search_index
-from webctx.models import Chunk, Page, ScoredChunk, StoredChunk
-from webctx.protocols import IndexScope, LiveIndexStore
+from webctx.models import Chunk, Page, StoredChunk
+from webctx.protocols import IndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
 from webctx.stages.store import make_points
 
@@ -46,7 +46,7 @@ def page_points(page: Page, n: int = 3) -> list[StoredChunk]:
     return make_points(chunks, vectors, url=page.url, model="hash-embedding")
 
 
-def store_page(store: LiveIndexStore, page: Page) -> None:
+def store_page(store: IndexStore, page: Page) -> None:
     points = page_points(page)
     store.upsert(points)
     store.upsert_sparse(points)
@@ -59,7 +59,7 @@ def record_of(page: Page, url: str | None = None) -> IndexedPage:
                        title=page.title, site=page.site)  # fmt: skip
 
 
-def ctx_for(r: redis.Redis, store: LiveIndexStore) -> IndexContext:
+def ctx_for(r: redis.Redis, store: IndexStore) -> IndexContext:
     return IndexContext(index=PageIndex(r), fetcher=None,  # type: ignore[arg-type]
                         embedder=HashEmbedder(model="hash-embedding"), store=store,
                         chunking=ChunkSettings(), embedding=EmbedSettings(),
@@ -68,73 +68,6 @@ def ctx_for(r: redis.Redis, store: LiveIndexStore) -> IndexContext:
 
 def seen_hashes(ctx: IndexContext, query: str = "words") -> set[str]:
     return {h.content_sha256 for h in search_index(query, tenant=TENANT, ctx=ctx, limit=200)}
-
-
-# -- the marks contract, on every adapter ------------------------------------------------------
-
-
-@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
-def test_marks_make_pages_live_and_dead_by_generation(index_store: LiveIndexStore) -> None:
-    a = make_page(url="https://a.test/", text="alpha", title="alpha", site="A.test")
-    b = make_page(url="https://b.test/", text="beta", title="beta", site="b.test")
-    for page in (a, b):
-        store_page(index_store, page)
-    vector = HashEmbedder().vectors(["alpha words 1"])[0]
-
-    def found(generation: int, **kw: object) -> set[str]:
-        scope = IndexScope(TK, generation, **kw)  # type: ignore[arg-type]
-        dense = index_store.search_live(vector, limit=10, scope=scope)
-        sparse = index_store.search_live_sparse("words", limit=10, scope=scope)
-        assert {h.chunk.content_sha256 for h in dense} == {h.chunk.content_sha256 for h in sparse}
-        return {h.chunk.content_sha256 for h in dense}
-
-    assert found(5) == set()  # stored, never marked: invisible
-    index_store.mark_pages(tenant_key=TK, generation=1, live={a.content_sha256: "a.test"}, dead=[])
-    assert found(0) == set() and found(1) == {a.content_sha256}
-    index_store.mark_pages(tenant_key=TK, generation=2, live={b.content_sha256: "b.test"},
-                          dead=[a.content_sha256])  # fmt: skip
-    assert found(1) == {a.content_sha256}  # a searcher still at 1 sees the old page only
-    assert found(2) == {b.content_sha256}
-    assert found(2, site="B.test") == {b.content_sha256} and found(2, site="a.test") == set()
-    assert found(2, content_sha256s=[a.content_sha256]) == set()
-    assert found(2, content_sha256s=[]) == set()
-    other = IndexScope("0" * 16, 2)
-    assert index_store.search_live(vector, limit=10, scope=other) == []
-    index_store.mark_pages(tenant_key=TK, generation=3, live={a.content_sha256: "a.test"}, dead=[])
-    assert found(3) == {a.content_sha256, b.content_sha256}  # revived: its `until` cleared
-    store_page(index_store, a)  # a research job stores the same content-addressed points
-    assert found(3) == {a.content_sha256, b.content_sha256}  # the marks survive
-    assert index_store.optimize() in (True, False)
-
-
-@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
-def test_ranking_by_id_matches_the_searches_and_retrieve_reads_only_those(
-    index_store: LiveIndexStore,
-) -> None:
-    pages = [make_page(url=f"https://s.test/{i}", text=f"text {i}", title=f"t{i}")
-             for i in range(3)]  # fmt: skip
-    points = {p.id: p for page in pages for p in page_points(page)}
-    for page in pages:
-        store_page(index_store, page)
-    index_store.mark_pages(tenant_key=TK, generation=1, dead=[],
-                          live={p.content_sha256: "s.test" for p in pages})  # fmt: skip
-    scope, vector = IndexScope(TK, 1), HashEmbedder().vectors(["t1 words 2"])[0]
-    dense = index_store.rank_live(vector, limit=4, scope=scope)
-    sparse = index_store.rank_live_sparse("t1 words", limit=4, scope=scope)
-    key = {pid: (p.chunk.content_sha256, p.chunk.start) for pid, p in points.items()}
-    searched = [[(h.chunk.content_sha256, h.chunk.start) for h in hits] for hits in (
-        index_store.search_live(vector, limit=4, scope=scope),
-        index_store.search_live_sparse("t1 words", limit=4, scope=scope))]  # fmt: skip
-    assert [[key[pid] for pid in ids] for ids in (dense, sparse)] == searched
-    assert len(dense) == 4 and dense[0] == points[dense[0]].id
-    assert index_store.rank_live(vector, limit=4, scope=IndexScope(TK, 0)) == []
-    assert index_store.rank_live_sparse("t1", limit=4, scope=IndexScope(TK, 1, site="x")) == []
-    gone = "00000000-0000-5000-8000-000000000000"
-    got = index_store.retrieve([dense[0], sparse[0], gone])
-    assert set(got) == {dense[0], sparse[0]}
-    for pid, point in got.items():
-        assert point.model_dump() == points[pid].model_copy(update={"vector": []}).model_dump()
-    assert index_store.retrieve([]) == {}
 
 
 # -- the commit protocol ----------------------------------------------------------------------
@@ -246,12 +179,6 @@ class CountingStore(MemoryVectorStore):
         self.retrieved.append(list(ids))
         self.delete_pages(self.sweep_first)
         return super().retrieve(ids)
-
-    def search_live(self, *args: object, **kwargs: object) -> list[ScoredChunk]:
-        raise AssertionError("search_index read every dense candidate's payload")
-
-    def search_live_sparse(self, *args: object, **kwargs: object) -> list[ScoredChunk]:
-        raise AssertionError("search_index read every sparse candidate's payload")
 
 
 def test_search_reads_payloads_of_the_returned_hits_only(r: redis.Redis) -> None:

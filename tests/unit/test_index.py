@@ -26,7 +26,7 @@ from webctx.index.sources import Source, SourceRegistry
 from webctx.jobs.caches import IndexedPages
 from webctx.jobs.store import JobStore
 from webctx.models import Chunk, Download, StoredChunk
-from webctx.protocols import Embeddings, IndexStore
+from webctx.protocols import Embeddings
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
 from webctx.stages.store import make_points
 from webctx.workers.index_tasks import index_context
@@ -280,28 +280,6 @@ def _points(url: str, texts: list[str]) -> list[StoredChunk]:
         pos = start + len(t)
     vectors = HashEmbedder().vectors(texts)
     return make_points(chunks, vectors, url=url, model="hash-embedding")
-
-
-@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
-def test_index_store_sparse_search_ranks_rare_words_and_deletes_by_page(
-    index_store: IndexStore,
-) -> None:
-    a = _points("https://a.test/", ["the quick brown fox", "lazy dogs sleep all day"])
-    b = _points("https://b.test/", ["the brown bear eats honey", "the end of the story"])
-    for points in (a, b):
-        index_store.upsert(points)
-        index_store.upsert_sparse(points)
-    sha_a, sha_b = a[0].chunk.content_sha256, b[0].chunk.content_sha256
-    hits = index_store.search_sparse("honey bear", limit=5, content_sha256s=[sha_a, sha_b])
-    assert hits[0].chunk.text == "the brown bear eats honey"
-    hits = index_store.search_sparse("the brown", limit=5, content_sha256s=[sha_a])
-    assert {h.chunk.content_sha256 for h in hits} == {sha_a}  # filtered to page a
-    assert index_store.search_sparse("", limit=5, content_sha256s=[sha_a]) == []
-    index_store.delete_pages([sha_a])
-    assert index_store.count() == 2
-    assert index_store.search_sparse("fox", limit=5, content_sha256s=[sha_a, sha_b]) == []
-    assert index_store.search([1.0] * 256, limit=5, content_sha256s=[sha_a]) == []
-    assert isinstance(index_store, IndexStore)
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""A VectorStore on an embedded qdrant-edge shard in a local directory (single process).
+"""The vector store on an embedded qdrant-edge shard in a local directory (single process),
+in every role (VectorStore, IndexWriter, IndexReader) and Optimizable: the engine builds
+its HNSW graphs only when asked.
 
 The shard is created at the first upsert, when the vector dimension becomes known, unless
 `dimensions` is given. One process at a time: an exclusive flock on a file in the directory
@@ -151,17 +153,9 @@ class EdgeVectorStore:
         records = _engine(lambda: shard.retrieve(wanted, with_payload=False, with_vector=True))
         return {str(r.id): _dense(r.vector) for r in records}
 
-    def search_live(
-        self, vector: Sequence[float], *, limit: int, scope: IndexScope
-    ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the scope's live pages, without vectors
-        (an index search returns text, not vectors: 50 of them cost more than the query)."""
-        if scope.selects_nothing:
-            return []
-        return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
-
     def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live`, best first, without payloads."""
+        """Point ids of the nearest chunks among the scope's live pages, best first, without
+        payloads."""
         if scope.selects_nothing:
             return []
         hits = self._dense_hits(vector, limit, _scope_filter(scope), payload=False)
@@ -230,23 +224,9 @@ class EdgeVectorStore:
         _keep_marks_upsert(shard, batch)
         _engine(shard.flush)  # durable on return
 
-    def search_sparse(
-        self, text: str, *, limit: int, content_sha256s: Sequence[str]
-    ) -> list[ScoredChunk]:
-        """Best BM25 matches of `text` among the given pages (no vectors)."""
-        if not content_sha256s:
-            return []
-        pages = qe.FieldCondition(CONTENT_KEY, match=qe.MatchAny(list(content_sha256s)))
-        return self._sparse_query(text, limit, qe.Filter(must=[pages]))
-
-    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
-        """Best BM25 matches of `text` among the scope's live pages (no vectors)."""
-        if scope.selects_nothing:
-            return []
-        return self._sparse_query(text, limit, _scope_filter(scope))
-
     def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live_sparse`, best first, without payloads."""
+        """Point ids of the best BM25 matches among the scope's live pages, best first, without
+        payloads."""
         if scope.selects_nothing:
             return []
         return [str(hit.id) for hit in self._sparse_hits(text, limit, _scope_filter(scope),
@@ -267,10 +247,6 @@ class EdgeVectorStore:
                 pid = str(record.id)
                 found[pid] = _stored(pid, record.payload or {})
         return found
-
-    def _sparse_query(self, text: str, limit: int, where: qe.Filter) -> list[ScoredChunk]:
-        hits = self._sparse_hits(text, limit, where)
-        return [scored_chunk(hit.payload or {}, score=hit.score, vector=[]) for hit in hits]
 
     def _sparse_hits(
         self, text: str, limit: int, where: qe.Filter, *, payload: bool = True

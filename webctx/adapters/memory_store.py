@@ -1,4 +1,5 @@
-"""An in-memory VectorStore (dict + numpy) for unit tests; behaves like Qdrant with cosine."""
+"""The vector store in memory (dict + numpy) for unit tests, in every role (VectorStore,
+IndexWriter, IndexReader); behaves like Qdrant with cosine."""
 
 from __future__ import annotations
 
@@ -62,15 +63,8 @@ class MemoryVectorStore:
         with self._lock:
             return {pid: self._points[pid][0].tolist() for pid in ids if pid in self._points}
 
-    def search_live(
-        self, vector: Sequence[float], *, limit: int, scope: IndexScope
-    ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the scope's live pages, without vectors."""
-        return [h.model_copy(update={"vector": []})
-                for h in self._nearest(vector, limit, self._in_scope(scope))]  # fmt: skip
-
     def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live`, best first."""
+        """Point ids of the nearest chunks among the scope's live pages, best first."""
         return [point.id for _, point, _ in self._ranked(vector, limit, self._in_scope(scope))]
 
     def _nearest(
@@ -117,19 +111,8 @@ class MemoryVectorStore:
                 sv = document_vector(point.chunk.text)
                 self._sparse[point.id] = (dict(zip(sv.indices, sv.values, strict=True)), point)
 
-    def search_sparse(
-        self, text: str, *, limit: int, content_sha256s: Sequence[str]
-    ) -> list[ScoredChunk]:
-        """Best BM25 matches of `text` among the given pages (IDF over every point)."""
-        pages = set(content_sha256s)
-        return self._bm25(text, limit, lambda sha: sha in pages)
-
-    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
-        """Best BM25 matches of `text` among the scope's live pages (IDF over every point)."""
-        return self._bm25(text, limit, self._in_scope(scope))
-
     def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live_sparse`, best first."""
+        """Point ids of the best BM25 matches among the scope's live pages, best first."""
         return [point.id for _, point in self._bm25_ranked(text, limit, self._in_scope(scope))]
 
     def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
@@ -153,10 +136,6 @@ class MemoryVectorStore:
             for sha in dead:
                 self._marks.setdefault((tenant_key, sha), [None, None])[1] = generation
 
-    def optimize(self) -> bool:
-        """Nothing to build: search is exact."""
-        return False
-
     def _in_scope(self, scope: IndexScope) -> Callable[[str], bool]:
         pages = None if scope.content_sha256s is None else set(scope.content_sha256s)
         site = scope.site.lower() if scope.site else None
@@ -172,10 +151,6 @@ class MemoryVectorStore:
             return pages is None or sha in pages
 
         return keep
-
-    def _bm25(self, text: str, limit: int, keep: Callable[[str], bool]) -> list[ScoredChunk]:
-        return [ScoredChunk(chunk=p.chunk, url=p.url, score=score, vector=[])
-                for score, p in self._bm25_ranked(text, limit, keep)]  # fmt: skip
 
     def _bm25_ranked(
         self, text: str, limit: int, keep: Callable[[str], bool]

@@ -1,4 +1,5 @@
-"""A VectorStore on a Qdrant collection through qdrant-client (a server, or its local mode).
+"""The vector store on a Qdrant collection through qdrant-client (a server, or its local
+mode), in every role (VectorStore, IndexWriter, IndexReader).
 
 The collection is created at the first upsert, when the vector dimension becomes known,
 with cosine distance and a keyword index on content_sha256 (the filter of every search).
@@ -126,16 +127,9 @@ class QdrantVectorStore:
             with_vectors=True))  # fmt: skip
         return {str(r.id): _dense(r.vector) for r in records}
 
-    def search_live(
-        self, vector: Sequence[float], *, limit: int, scope: IndexScope
-    ) -> list[ScoredChunk]:
-        """Nearest chunks by cosine similarity among the scope's live pages, without vectors."""
-        if scope.selects_nothing:
-            return []
-        return self._dense_query(vector, limit, _scope_filter(scope), vectors=False)
-
     def rank_live(self, vector: Sequence[float], *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live`, best first, without payloads."""
+        """Point ids of the nearest chunks among the scope's live pages, best first, without
+        payloads."""
         if scope.selects_nothing:
             return []
         hits = self._dense_hits(vector, limit, _scope_filter(scope), payload=False)
@@ -208,20 +202,6 @@ class QdrantVectorStore:
             structs.append(models.PointStruct(id=p.id, vector=vector, payload=point_payload(p)))
         self._keep_marks_upsert(self._sparse_name, structs)
 
-    def search_sparse(
-        self, text: str, *, limit: int, content_sha256s: Sequence[str]
-    ) -> list[ScoredChunk]:
-        """Best BM25 matches of `text` among the given pages (no vectors)."""
-        if not content_sha256s:
-            return []
-        return self._sparse_query(text, limit, _pages(content_sha256s))
-
-    def search_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[ScoredChunk]:
-        """Best BM25 matches of `text` among the scope's live pages (no vectors)."""
-        if scope.selects_nothing:
-            return []
-        return self._sparse_query(text, limit, _scope_filter(scope))
-
     def mark_pages(
         self, *, tenant_key: str, generation: int, live: Mapping[str, str], dead: Sequence[str]
     ) -> None:
@@ -276,10 +256,6 @@ class QdrantVectorStore:
             _client(functools.partial(self.client.batch_update_points, name,
                                       update_operations=ops, wait=True))  # fmt: skip
 
-    def optimize(self) -> bool:
-        """Nothing to do: a server (and local mode) index on their own."""
-        return False
-
     def _index_fields(self, name: str, fields: Mapping[str, models.PayloadSchemaType]) -> None:
         for field, kind in fields.items():
             if (name, field) not in self._indexed:
@@ -288,7 +264,8 @@ class QdrantVectorStore:
                 self._indexed.add((name, field))
 
     def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
-        """Point ids of `search_live_sparse`, best first, without payloads."""
+        """Point ids of the best BM25 matches among the scope's live pages, best first, without
+        payloads."""
         if scope.selects_nothing:
             return []
         hits = self._sparse_hits(text, limit, _scope_filter(scope), payload=False)
@@ -310,10 +287,6 @@ class QdrantVectorStore:
                 pid = str(record.id)
                 found[pid] = _stored(pid, record.payload or {})
         return found
-
-    def _sparse_query(self, text: str, limit: int, where: models.Filter) -> list[ScoredChunk]:
-        return [scored_chunk(hit.payload or {}, score=hit.score, vector=[])
-                for hit in self._sparse_hits(text, limit, where)]  # fmt: skip
 
     def _sparse_hits(
         self, text: str, limit: int, where: models.Filter, *, payload: bool = True

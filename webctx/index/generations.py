@@ -42,7 +42,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from webctx.errors import ProviderError
-from webctx.protocols import LiveIndexStore
+from webctx.protocols import IndexWriter
 
 SITE_KEY = "site"
 """Payload field: the page's site, lower case (set when a page goes live; keyword index)."""
@@ -153,7 +153,7 @@ class Generations:
         pipe.delete(self._key(tenant, "commit"))
 
 
-def mark(store: LiveIndexStore, tenant: str, commit: Commit) -> None:
+def mark(store: IndexWriter, tenant: str, commit: Commit) -> None:
     """Apply a commit's marks to the store (before its generation is published)."""
     if commit.live or commit.dead:
         store.mark_pages(tenant_key=tenant_key(tenant), generation=commit.generation,

@@ -32,7 +32,7 @@ from webctx.index.generations import (
     tenant_key,
 )
 from webctx.models import Page
-from webctx.protocols import IndexScope, LiveIndexStore
+from webctx.protocols import IndexScope, IndexWriter
 
 PREFIX = "webctx:index"
 _BATCH = 500
@@ -150,7 +150,7 @@ class PageIndex:
         tenant: str,
         url: str,
         *,
-        store: LiveIndexStore,
+        store: IndexWriter,
         record: IndexedPage | None,
         page: Page | None = None,
         grace_s: float,
@@ -178,7 +178,7 @@ class PageIndex:
             raise ticket.error
         return ticket.old
 
-    def _commit_batch(self, tenant: str, batch: list[_Ticket], store: LiveIndexStore) -> None:
+    def _commit_batch(self, tenant: str, batch: list[_Ticket], store: IndexWriter) -> None:
         self._recover(tenant, store)
         urls = list(dict.fromkeys(t.url for t in batch))
         raws = cast(list[str | None], self.r.hmget(self._pages(tenant), urls))
@@ -255,7 +255,7 @@ class PageIndex:
             self.generations.publish(pipe, tenant, plan.generation)
         pipe.execute()
 
-    def _recover(self, tenant: str, store: LiveIndexStore) -> None:
+    def _recover(self, tenant: str, store: IndexWriter) -> None:
         """Under the lock: finish a commit a dead process left half done; mark a tenant
         indexed before generations existed (every current page live from generation 1)."""
         pipe = self.r.pipeline(transaction=False)
@@ -277,13 +277,13 @@ class PageIndex:
             pipe.execute()
 
     def drop(
-        self, tenant: str, url: str, *, store: LiveIndexStore, grace_s: float
+        self, tenant: str, url: str, *, store: IndexWriter, grace_s: float
     ) -> str | None:
         """Remove a URL from the index; its points go after the grace period."""
         return self.commit(tenant, url, store=store, record=None, grace_s=grace_s)
 
     def drop_source(
-        self, tenant: str, source_id: str, *, store: LiveIndexStore, grace_s: float
+        self, tenant: str, source_id: str, *, store: IndexWriter, grace_s: float
     ) -> int:
         """Remove every page a source brought in; returns how many."""
         urls = [u for u, rec in self.pages(tenant).items() if rec.source_id == source_id]
@@ -315,7 +315,7 @@ class PageIndex:
         self,
         tenant: str,
         *,
-        store: LiveIndexStore,
+        store: IndexWriter,
         site: str | None = None,
         source_id: str | None = None,
         published_from: str | None = None,

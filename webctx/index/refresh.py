@@ -35,7 +35,8 @@ from webctx.protocols import (
     BatchFetcher,
     ConditionalFetcher,
     Embedder,
-    LiveIndexStore,
+    IndexStore,
+    Optimizable,
     Revalidation,
 )
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
@@ -64,7 +65,7 @@ class IndexContext:
     index: PageIndex
     fetcher: ConditionalFetcher
     embedder: Embedder
-    store: LiveIndexStore
+    store: IndexStore
     chunking: ChunkSettings
     embedding: EmbedSettings
     settings: IndexSettings
@@ -265,11 +266,11 @@ OPTIMIZE_AFTER = 20_000
 with `optimize()`: the embedded engine never builds its graphs on its own."""
 
 
-def optimize_if_due(store: LiveIndexStore, *, after: int = OPTIMIZE_AFTER) -> bool:
-    """Build the store's HNSW graphs once `after` points wait for one (qdrant-edge only;
-    it blocks the process meanwhile: seconds per 10,000 points, see docs/index.md)."""
-    unindexed = getattr(store, "unindexed", None)
-    if unindexed is None or unindexed() < after:
+def optimize_if_due(store: object, *, after: int = OPTIMIZE_AFTER) -> bool:
+    """Build the store's HNSW graphs once `after` points wait for one (an Optimizable store,
+    qdrant-edge; it blocks the process meanwhile: seconds per 10,000 points, see
+    docs/index.md). Other stores build theirs on their own."""
+    if not isinstance(store, Optimizable) or store.unindexed() < after:
         return False
     started = time.monotonic()
     built = store.optimize()
