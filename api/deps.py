@@ -92,9 +92,12 @@ def open_runtime(settings: Settings, *, keys: bool = True) -> Iterator[Runtime]:
         with embedded_worker(settings) as deps:
             yield Runtime(settings, deps.jobs, TenantStore(deps.jobs.r))
         return
+    from webctx.workers.app import job_observers
     from webctx.workers.deps import state_client
 
-    jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
+    # The API's job store tells the same observers as a worker's: the metrics it serves,
+    # and the batch feeder when a cancel ends a batch item's job.
+    jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s, observers=job_observers())
     try:
         yield Runtime(settings, jobs, TenantStore(jobs.r))
     finally:

@@ -40,6 +40,7 @@ from webctx.errors import (
     WebctxError,
 )
 from webctx.settings import Settings, get_settings
+from webctx.workers.app import app as celery_app
 from webctx.workers.metrics import observe_api
 
 logger = logging.getLogger(__name__)
@@ -164,5 +165,5 @@ def create_app(settings: Settings | None = None, *, host: str | None = None) -> 
     app.include_router(health.router)
     guard = McpAuth(StreamableHTTPASGIApp(mcp_server.session_manager), app)
     app.router.routes.append(Route("/mcp", endpoint=guard, methods=["GET", "POST", "DELETE"]))
-    observe_api(app)  # GET /metrics (jobs, queue depths), and traces with WEBCTX_OTEL
+    observe_api(app, celery_app)  # GET /metrics (jobs, queue depths), traces with WEBCTX_OTEL
     return app

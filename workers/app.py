@@ -1,4 +1,9 @@
-"""The Celery application (`celery -A webctx.workers.app worker`)."""
+"""The Celery application (`celery -A webctx.workers.app worker`), and the assembly of a
+worker process: its collaborators (`worker_deps`, built once), what its job store tells
+(`job_observers`), and what it does at start (open the vector store, load the tokenizer).
+"""
+
+from __future__ import annotations
 
 import logging
 import threading
@@ -10,15 +15,49 @@ from celery import Celery, signals
 from webctx import tokens
 from webctx.allocator import return_freed_memory
 from webctx.errors import ConfigError, WebctxError
+from webctx.jobs.batches import FeedOnItemEnd
+from webctx.jobs.store import JobObserver
+from webctx.settings import get_settings
 from webctx.workers.celeryconfig import INDEX_QUEUE
-from webctx.workers.deps import Deps, worker_deps
-from webctx.workers.metrics import install_worker_signals
+from webctx.workers.deps import Deps, build_deps
+from webctx.workers.metrics import MetricsObserver, install_worker_signals
 
 app = Celery("webctx", include=["webctx.workers.tasks", "webctx.workers.index_tasks"])
 app.config_from_object("webctx.workers.celeryconfig")
 install_worker_signals(app)  # stage metrics, job_id/task_id on log lines, optional tracing
 
 logger = logging.getLogger("webctx.worker")
+
+
+def _feed_soon(batch_id: str) -> None:
+    """Send the batch's feeder now, ahead of the items' own tasks (priority 0)."""
+    app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(priority=broker_priority(0))
+
+
+def job_observers() -> list[JobObserver]:
+    """What the job store of a worker or API process tells of each fact it records: the
+    metrics, and the batch feeder when a batch item's job ends."""
+    return [MetricsObserver(), FeedOnItemEnd(_feed_soon)]
+
+
+_deps_lock = threading.Lock()
+_deps: Deps | None = None
+
+
+def worker_deps() -> Deps:
+    """This process's collaborators, built on first use (thread-safe)."""
+    global _deps
+    with _deps_lock:
+        if _deps is None:
+            _deps = build_deps(get_settings(), observers=job_observers())
+        return _deps
+
+
+def set_deps(deps: Deps | None) -> None:
+    """Install (or clear) this process's collaborators: the embedded runner shares its own."""
+    global _deps
+    with _deps_lock:
+        _deps = deps
 
 TOKEN_QUEUES = frozenset({"embed", "store", "rank", INDEX_QUEUE})
 """Queues whose tasks count tokens: chunking, embedding (the question too), re-indexing."""

@@ -1,28 +1,25 @@
 """The batch feeder: the Celery side of webctx/jobs/batches.py.
 
 `webctx.batch_feed` runs `BatchStore.feed` for one batch. It is sent when an item's job
-ends (a JobStore observer sees the status change) and, while the batch runs, at least
-every `WEBCTX_BATCH__TICK_S` (one tick scheduled per window, claimed in Redis), so a lost
-message delays a batch by one tick at most. Items are submitted as ordinary jobs with the
-batch priority, which their tasks inherit: workers serve interactive jobs first.
+ends (`FeedOnItemEnd`, one of the job observers the worker's app and the API attach) and,
+while the batch runs, at least every `WEBCTX_BATCH__TICK_S` (one tick scheduled per window,
+claimed in Redis), so a lost message delays a batch by one tick at most. Items are
+submitted as ordinary jobs with the batch priority, which their tasks inherit: workers
+serve interactive jobs first.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
-from webctx.jobs.batches import BatchItem, BatchStore, FeedLimits, batch_of_job
+from webctx.jobs.batches import BatchItem, BatchStore, FeedLimits
 from webctx.jobs.store import JobStore
-from webctx.models import JobRequest, JobStatus
+from webctx.models import JobRequest
 from webctx.settings import Settings
-from webctx.workers.app import app, broker_priority
-from webctx.workers.deps import worker_deps
+from webctx.workers.app import app, broker_priority, worker_deps
 from webctx.workers.pipeline import submit_job
 
 logger = logging.getLogger(__name__)
-_ENDED = {JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value}
 
 
 def feed_limits(settings: Settings) -> FeedLimits:
@@ -85,20 +82,3 @@ def batch_feed(batch_id: str) -> str:
         logger.exception("batch feed failed", extra={"batch_id": batch_id})
     return batch_id
 
-
-class FeedOnItemEnd:
-    """JobStore observer: when a batch item's job ends, feed its batch (promptly, priority 0)."""
-
-    def job_event(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
-        """Send `webctx.batch_feed` for an ended batch item."""
-        if event != "status" or facts.get("status") not in _ENDED:
-            return
-        batch_id = batch_of_job(job_id)
-        if batch_id is not None:
-            app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(
-                priority=broker_priority(0)
-            )
-
-
-if not any(isinstance(o, FeedOnItemEnd) for o in JobStore.observers):
-    JobStore.observers.append(FeedOnItemEnd())

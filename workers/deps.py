@@ -1,9 +1,11 @@
-"""Build the pipeline's collaborators from Settings, once per process."""
+"""Build the pipeline's collaborators from Settings (the worker's app keeps one set per
+process: `webctx.workers.app.worker_deps`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import fakeredis
@@ -13,10 +15,10 @@ from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.errors import ConfigError, WebctxError
 from webctx.jobs.caches import IndexedPages
 from webctx.jobs.embed_cache import RedisEmbeddingCache
-from webctx.jobs.store import JobStore
+from webctx.jobs.store import JobObserver, JobStore
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
-from webctx.settings import Settings, get_settings
+from webctx.settings import Settings
 
 logger = logging.getLogger("webctx.deps")
 
@@ -88,8 +90,6 @@ class Deps:
             self._store = None
 
 
-_lock = threading.Lock()
-_deps: Deps | None = None
 _fake_server: fakeredis.FakeServer | None = None
 
 
@@ -223,12 +223,12 @@ def build_store(settings: Settings) -> VectorStore:
     return EdgeVectorStore(settings.qdrant_path, datatype=settings.qdrant_vector_datatype)
 
 
-def build_deps(settings: Settings) -> Deps:
-    """Every collaborator for `settings`."""
+def build_deps(settings: Settings, *, observers: Sequence[JobObserver] = ()) -> Deps:
+    """Every collaborator for `settings`; the job store tells `observers` of its facts."""
     state = state_client(settings)
     return Deps(
         settings=settings,
-        jobs=JobStore(state, ttl_s=settings.job_ttl_s),
+        jobs=JobStore(state, ttl_s=settings.job_ttl_s, observers=observers),
         search=build_search(settings),
         fetcher=build_fetcher(settings, state=state if settings.state_url() else None),
         embedder=build_embedder(settings),
@@ -238,18 +238,3 @@ def build_deps(settings: Settings) -> Deps:
         cache=build_embed_cache(settings),
     )
 
-
-def worker_deps() -> Deps:
-    """The process-wide Deps, built on first use (thread-safe)."""
-    global _deps
-    with _lock:
-        if _deps is None:
-            _deps = build_deps(get_settings())
-        return _deps
-
-
-def set_deps(deps: Deps | None) -> None:
-    """Install (or clear) the process-wide Deps: the embedded runner shares its own."""
-    global _deps
-    with _lock:
-        _deps = deps

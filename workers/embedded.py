@@ -11,8 +11,8 @@ from celery.contrib.testing.worker import TestWorkController, setup_app_for_work
 
 from webctx.errors import ConfigError
 from webctx.settings import Settings
-from webctx.workers.app import app
-from webctx.workers.deps import Deps, build_deps, set_deps
+from webctx.workers.app import app, job_observers, set_deps
+from webctx.workers.deps import Deps, build_deps
 
 
 @contextmanager
@@ -28,7 +28,7 @@ def embedded_worker(settings: Settings) -> Iterator[Deps]:
         raise ConfigError("the embedded worker runs only when CELERY_BROKER_URL is unset")
     if not str(app.conf.broker_url).startswith("memory://"):
         raise ConfigError(f"embedded mode needs the memory:// broker, not {app.conf.broker_url}")
-    deps = build_deps(settings)
+    deps = build_deps(settings, observers=job_observers())
     deps.open_store()  # before any task, as a store worker does (webctx.workers.app.store_refusal)
     set_deps(deps)
     setup_app_for_worker(app, "WARNING", None)

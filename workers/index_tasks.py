@@ -26,8 +26,8 @@ from webctx.index.search import IndexHit, search_index
 from webctx.index.sources import Source, SourceRegistry
 from webctx.protocols import IndexStore
 from webctx.settings import Settings
-from webctx.workers.app import app
-from webctx.workers.deps import Deps, worker_deps
+from webctx.workers.app import app, worker_deps
+from webctx.workers.deps import Deps
 
 logger = logging.getLogger(__name__)
 RUN_TTL_S = 24 * 3600

@@ -2,8 +2,9 @@
 
 Where each number comes from:
 
-- the job store (`JobStore.observers`): jobs by status, pages fetched, failures by stage
-  and reason, chunks, embedding requests, tokens embedded, cache hits;
+- the job store (a `MetricsObserver` among its observers, attached by the worker's app
+  and the API): jobs by status, pages fetched, failures by stage and reason, chunks,
+  embedding requests, tokens embedded, cache hits;
 - Celery signals: duration of each task by stage (histogram), task outcomes, retries;
 - log events: 429s met inside a task (`embed request retried` with RateLimited, `host
   paused` with status 429) — the stages already log them, so no stage knows of metrics;
@@ -41,7 +42,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from webctx.errors import RateLimited
-from webctx.jobs.store import JobStore
 from webctx.logging import bind_context, clear_context, configure_logging
 from webctx.settings import get_settings
 
@@ -93,14 +93,6 @@ class MetricsObserver:
                 if name in _COUNTS and int(delta) > 0:
                     _COUNTS[name].inc(int(delta))
 
-
-_OBSERVER = MetricsObserver()
-
-
-def observe_jobs() -> None:
-    """Count the job store's facts in this process (idempotent)."""
-    if _OBSERVER not in JobStore.observers:
-        JobStore.observers.append(_OBSERVER)
 
 
 class RateLimitLogCounter(logging.Handler):
@@ -187,7 +179,6 @@ def _trace_worker(**_: Any) -> None:
 def install_worker_signals(app: Celery) -> None:
     """Connect the handlers above to `app`'s signals (workers/app.py calls this once)."""
     del app  # Celery's signals are global; the argument says which app asked
-    observe_jobs()
     signals.task_prerun.connect(_on_prerun, weak=False)
     signals.task_postrun.connect(_on_postrun, weak=False)
     signals.task_retry.connect(_on_retry, weak=False)
@@ -267,11 +258,9 @@ class MetricsEndpoint:
         return generate_latest(self.base) + generate_latest(self.extra)
 
 
-def observe_api(fastapi_app: Any) -> None:
-    """Give the API app `/metrics` (with queue depths) and, with WEBCTX_OTEL, traces."""
-    from webctx.workers.app import app as celery_app
-
-    observe_jobs()
+def observe_api(fastapi_app: Any, celery_app: Celery) -> None:
+    """Give the API app `/metrics` (with the queue depths `celery_app`'s broker reports)
+    and, with WEBCTX_OTEL, traces."""
     endpoint = MetricsEndpoint(queue_depths=QueueDepthCollector(celery_app))
     fastapi_app.router.routes.append(Route("/metrics", endpoint=endpoint, methods=["GET"]))
     if get_settings().otel:

@@ -31,8 +31,8 @@ from webctx.stages.fetch import extract_page
 from webctx.stages.plan import LLMPlanner, plan_queries
 from webctx.stages.search import search_query
 from webctx.workers import pipeline
-from webctx.workers.app import app
-from webctx.workers.deps import Deps, worker_deps
+from webctx.workers.app import app, worker_deps
+from webctx.workers.deps import Deps
 
 logger = logging.getLogger(__name__)
 MAX_RETRIES = 5

@@ -12,6 +12,7 @@ from webctx.jobs.batches import (
     BatchItem,
     BatchStore,
     FeedLimits,
+    FeedOnItemEnd,
     batch_of_job,
     item_job_id,
     parse_items,
@@ -190,3 +191,17 @@ def test_item_job_ids_name_their_batch() -> None:
     batch_id = "0123456789abcdef0123456789abcdef"
     assert batch_of_job(item_job_id(batch_id, 17)) == batch_id
     assert batch_of_job("0123456789abcdef0123456789abcdef") is None
+
+
+def test_the_end_of_a_batch_items_job_feeds_its_batch_at_once(jobs: JobStore) -> None:
+    fed: list[str] = []
+    observed = JobStore(jobs.r, ttl_s=600, observers=[FeedOnItemEnd(fed.append)])
+    batch_id, _ = BatchStore(jobs).create("alpha", "n", _items(2))
+    item_job = item_job_id(batch_id, 0)
+    interactive = observed.create(JobRequest(question="q"))
+    observed.create(JobRequest(question="q"), job_id=item_job, batch=batch_id)
+    observed.set_status(item_job, JobStatus.RUNNING)
+    observed.set_status(interactive, JobStatus.SUCCEEDED)  # not a batch item
+    assert fed == []
+    observed.set_status(item_job, JobStatus.SUCCEEDED)
+    assert fed == [batch_id]

@@ -297,7 +297,8 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
     from webctx.api.mcp import build_mcp
     from webctx.jobs.tenants import TenantStore
     from webctx.settings import Settings
-    from webctx.workers.deps import Deps, set_deps
+    from webctx.workers.app import set_deps
+    from webctx.workers.deps import Deps
 
     settings = Settings(redis_url=redis_url(), embedding_provider="hash",
                         qdrant_path=tmp_path / "q", local_tenant=TENANT)  # fmt: skip

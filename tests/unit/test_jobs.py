@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import fakeredis
 import pytest
 
@@ -102,3 +104,25 @@ def test_progress_of_a_record_without_status_is_not_found(jobs: JobStore) -> Non
     jobs.r.hset("webctx:job:ghost:meta", "next:embed", "1")
     with pytest.raises(JobNotFound):
         jobs.progress("ghost")
+
+
+class Recorder:
+    """A JobObserver keeping every fact it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, object]]] = []
+
+    def job_event(self, event: str, job_id: str, facts: Mapping[str, object]) -> None:
+        self.events.append((event, job_id, dict(facts)))
+
+
+def test_a_store_tells_only_the_observers_it_was_built_with() -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    told, other = Recorder(), Recorder()
+    watched, plain = JobStore(client, observers=[told]), JobStore(client)
+    job = watched.create(JobRequest(question="q"))
+    plain.set_status(job, JobStatus.RUNNING)  # the same job, through a store told nothing
+    watched.add_counts(job, chunks=3)
+    assert [e[0] for e in told.events] == ["status", "counts"]
+    assert told.events[1] == ("counts", job, {"chunks": 3})
+    assert other.events == []

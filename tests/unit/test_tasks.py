@@ -12,7 +12,8 @@ from webctx.errors import ProviderError
 from webctx.models import JobRequest, JobStatus, ScoredChunk
 from webctx.settings import Settings
 from webctx.workers import tasks
-from webctx.workers.deps import build_deps, set_deps
+from webctx.workers.app import set_deps
+from webctx.workers.deps import build_deps
 
 
 class RefusingStore(MemoryVectorStore):

@@ -25,7 +25,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -525,3 +525,19 @@ def error_stage(status: JobStatus, error: str | None) -> str:
     if "sources failed" in text:
         return "fetch"
     return "job"
+
+
+class FeedOnItemEnd:
+    """A JobObserver: when a batch item's job ends, feed its batch now (`feed(batch_id)`,
+    the worker layer's prompt `webctx.batch_feed`) instead of at the batch's next tick."""
+
+    def __init__(self, feed: Callable[[str], None]) -> None:
+        self.feed = feed
+
+    def job_event(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
+        """Feed the batch of an ended batch item."""
+        if event != "status" or facts.get("status") not in _FINISHED:
+            return
+        batch_id = batch_of_job(job_id)
+        if batch_id is not None:
+            self.feed(batch_id)

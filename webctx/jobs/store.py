@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import redis
 
@@ -59,10 +59,21 @@ class JobObserver(Protocol):
 
 
 class JobStore:
-    """All job state, in one Redis database (a real server or fakeredis)."""
+    """All job state, in one Redis database (a real server or fakeredis).
 
-    observers: ClassVar[list[JobObserver]] = []
-    """Process-wide observers of every JobStore (workers/metrics.py registers one)."""
+    `observers` are told of each fact recorded (metrics, the batch feeder): the process
+    that builds the store chooses them (the worker's app, the API's runtime)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        ttl_s: int = 7 * 24 * 3600,
+        observers: Sequence[JobObserver] = (),
+    ) -> None:
+        self.r = client
+        self.ttl_s = ttl_s
+        self.observers = tuple(observers)
 
     def _emit(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
         for observer in self.observers:
@@ -70,10 +81,6 @@ class JobStore:
                 observer.job_event(event, job_id, facts)
             except Exception:  # an observer never breaks job state
                 pass
-
-    def __init__(self, client: redis.Redis, *, ttl_s: int = 7 * 24 * 3600) -> None:
-        self.r = client
-        self.ttl_s = ttl_s
 
     # -- keys -------------------------------------------------------------------------------
     def _k(self, job_id: str, part: str) -> str:
