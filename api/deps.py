@@ -31,17 +31,27 @@ from webctx.jobs.store import JobProgress, JobStore
 from webctx.jobs.tenants import TenantStore
 from webctx.models import JobRequest
 from webctx.settings import Settings
+from webctx.workers.deps import StateStores
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Runtime:
-    """The stores one API or MCP process works with."""
+    """The state one API or MCP process works with: its key owners on the state Redis."""
 
     settings: Settings
-    jobs: JobStore
-    tenants: TenantStore
+    stores: StateStores
+
+    @property
+    def jobs(self) -> JobStore:
+        """The job store."""
+        return self.stores.jobs
+
+    @property
+    def tenants(self) -> TenantStore:
+        """API keys and their request rates."""
+        return self.stores.tenants
 
     @property
     def auth_required(self) -> bool:
@@ -90,18 +100,18 @@ def open_runtime(settings: Settings, *, keys: bool = True) -> Iterator[Runtime]:
         from webctx.workers.embedded import embedded_worker
 
         with embedded_worker(settings) as deps:
-            yield Runtime(settings, deps.jobs, TenantStore(deps.jobs.r))
+            yield Runtime(settings, deps.stores)
         return
     from webctx.workers.app import job_observers
-    from webctx.workers.deps import state_client
+    from webctx.workers.deps import state_stores
 
     # The API's job store tells the same observers as a worker's: the metrics it serves,
     # and the batch feeder when a cancel ends a batch item's job.
-    jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s, observers=job_observers())
+    stores = state_stores(settings, observers=job_observers())
     try:
-        yield Runtime(settings, jobs, TenantStore(jobs.r))
+        yield Runtime(settings, stores)
     finally:
-        jobs.r.close()
+        stores.close()
 
 
 def authenticate(runtime: Runtime, authorization: str | None) -> Caller:

@@ -272,17 +272,20 @@ def _status(client: redis.Redis, batch_id: str) -> dict[str, object]:
     from webctx.settings import BatchSettings
 
     price = BatchSettings().price_per_1k_tokens
-    return BatchStore(JobStore(client)).status(batch_id, price_per_1k_tokens=price).as_dict()
+    store = BatchStore(client, JobStore(client))
+    return store.status(batch_id, price_per_1k_tokens=price).as_dict()
 
 
 def _latencies(client: redis.Redis, batch_id: str, n: int) -> list[float]:
-    out = []
+    from webctx.jobs.batches import item_job_id
+    from webctx.jobs.store import JobStore
+
+    jobs, out = JobStore(client), []
     for i in range(n):
-        created, finished = client.hmget(
-            f"webctx:job:{batch_id}-{i}:meta", ["created_at", "finished_at"]
-        )
-        if created and finished:
-            out.append(float(finished) - float(created))
+        job_id = item_job_id(batch_id, i)
+        finished = jobs.finished_at(job_id)
+        if finished is not None:
+            out.append(finished - jobs.created_at(job_id))
     return out
 
 

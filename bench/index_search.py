@@ -48,6 +48,7 @@ from webctx.adapters.qdrant_store import QdrantVectorStore  # noqa: E402
 from webctx.index.page_records import IndexedPage, PageIndex  # noqa: E402
 from webctx.index.refresh import IndexContext  # noqa: E402
 from webctx.index.search import RRF_K, search_index  # noqa: E402
+from webctx.jobs.caches import IndexedPages  # noqa: E402
 from webctx.models import Chunk  # noqa: E402
 from webctx.protocols import IndexScope, IndexStore  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings  # noqa: E402
@@ -81,14 +82,15 @@ def load(store: IndexStore, n: int, rng: np.random.Generator) -> None:
 
 
 def write_pointers(r: redis.Redis, pages: int) -> None:
-    """The tenant's pointers and references, as an index written before generations."""
-    now, pipe = time.time(), r.pipeline(transaction=False)
+    """The tenant's pointers and references, as an index written before generations (in
+    the page records' own keys: no method writes that old layout any more)."""
+    index, now, pipe = PageIndex(r), time.time(), r.pipeline(transaction=False)
     for p in range(pages):
         url = f"https://s{p % SITES}.test/{p}"
         rec = IndexedPage(url=url, source_id="s", content_sha256=sha(p), model="bench",
                           fetched_at=now, changed_at=now, site=f"s{p % SITES}.test")  # fmt: skip
-        pipe.hset(f"webctx:index:{TENANT}:pages", url, rec.model_dump_json())
-        pipe.sadd(f"webctx:index:refs:{sha(p)}", f"{TENANT} {url}")
+        pipe.hset(index._pages(TENANT), url, rec.model_dump_json())
+        pipe.sadd(index._refs(sha(p)), f"{TENANT} {url}")
     pipe.execute()
 
 
@@ -127,7 +129,9 @@ class Run:
         self.vectors = (qv / np.linalg.norm(qv, axis=1, keepdims=True)).tolist()
         self.texts = [" ".join(VOCAB[j] for j in rng.integers(0, 200, 3))
                       for _ in range(queries + 5)]  # fmt: skip
-        self.ctx = IndexContext(index=PageIndex(r), fetcher=None,  # type: ignore[arg-type]
+        self.ctx = IndexContext(index=PageIndex(r),
+                                stored_pages=IndexedPages(r, ttl_s=3600, scope=[engine]),
+                                fetcher=None,  # type: ignore[arg-type]
                                 embedder=HashEmbedder(model="bench", dimensions=DIM),
                                 store=store, chunking=ChunkSettings(),
                                 embedding=EmbedSettings(), settings=IndexSettings())  # fmt: skip

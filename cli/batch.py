@@ -15,10 +15,9 @@ import redis
 import typer
 from kombu.exceptions import OperationalError
 
-from webctx.cli.common import fail
+from webctx.cli.common import fail, state_stores
 from webctx.errors import WebctxError
 from webctx.jobs.batches import BatchItem, BatchStatus, BatchStore, parse_items
-from webctx.jobs.store import JobStore
 from webctx.settings import Settings, get_settings
 
 batch = typer.Typer(help="Batches: thousands of questions from a JSONL file, resumable.")
@@ -54,21 +53,18 @@ def _read_items(path: Path, token_budget: int | None, max_sources: int | None) -
 
 
 @contextmanager
-def _jobs(settings: Settings) -> Iterator[JobStore]:
-    """The job store of broker mode (batch state lives in Redis)."""
-    from webctx.workers.deps import state_client
-
-    if not settings.state_url():
-        raise fail("batch state lives in Redis: set CELERY_BROKER_URL (or WEBCTX_REDIS_URL)")
-    jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
+def _batches(settings: Settings) -> Iterator[BatchStore]:
+    """The batch store of broker mode (batch state lives in Redis)."""
+    missing = "batch state lives in Redis: set CELERY_BROKER_URL (or WEBCTX_REDIS_URL)"
+    stores = state_stores(settings, missing=missing)
     try:
-        yield jobs
+        yield stores.batches
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     except (redis.RedisError, OperationalError) as exc:
         raise fail(f"broker or job state store unreachable: {exc}", code=1) from exc
     finally:
-        jobs.r.close()
+        stores.close()
 
 
 @batch.command("submit")
@@ -97,33 +93,32 @@ def submit(
 
         try:
             with embedded_worker(settings) as deps:
-                batch_id, _ = submit_batch(deps.jobs, settings, tenant, name, items)
+                batch_id, _ = submit_batch(deps.stores.batches, settings, tenant, name, items)
                 typer.echo(batch_id, err=out is None)
-                _wait_and_write(deps.jobs, settings, batch_id, out, feed_batch)
+                _wait_and_write(deps.stores.batches, settings, batch_id, out, feed_batch)
         except WebctxError as exc:
             raise fail(str(exc), code=1) from exc
         return
-    with _jobs(settings) as jobs:
-        batch_id, created = submit_batch(jobs, settings, tenant, name, items)
+    with _batches(settings) as store:
+        batch_id, created = submit_batch(store, settings, tenant, name, items)
         if not created:
             typer.echo(f"batch {name!r} exists with the same items: resuming it", err=True)
         typer.echo(batch_id, err=wait and out is None)
         if wait:
-            _wait_and_write(jobs, settings, batch_id, out, feed_batch)
+            _wait_and_write(store, settings, batch_id, out, feed_batch)
 
 
 def _wait_and_write(
-    jobs: JobStore,
+    store: BatchStore,
     settings: Settings,
     batch_id: str,
     out: Path | None,
-    feed: Callable[[JobStore, Settings, str], int],
+    feed: Callable[[BatchStore, Settings, str], int],
 ) -> None:
-    store = BatchStore(jobs)
     price = settings.batch.price_per_1k_tokens
 
     def poll() -> BatchStatus:
-        feed(jobs, settings, batch_id)  # a waiting client also moves the batch (lost ticks)
+        feed(store, settings, batch_id)  # a waiting client also moves the batch (lost ticks)
         return store.status(batch_id, price_per_1k_tokens=price)
 
     status = _follow(poll, sys.stderr)
@@ -189,10 +184,9 @@ def status(
     from webctx.workers.batch import feed_batch
 
     settings = get_settings()
-    with _jobs(settings) as jobs:
-        store = BatchStore(jobs)
+    with _batches(settings) as store:
         store.meta(batch_id)
-        feed_batch(jobs, settings, batch_id)
+        feed_batch(store, settings, batch_id)
         found = store.status(batch_id, price_per_1k_tokens=settings.batch.price_per_1k_tokens)
     if format is StatusFormat.text:
         typer.echo(describe(found))
@@ -206,15 +200,14 @@ def results(
     out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
 ) -> None:
     """Write one JSONL line per finished item, in input order."""
-    with _jobs(get_settings()) as jobs:
-        count = _write_results(BatchStore(jobs), batch_id, out)
+    with _batches(get_settings()) as store:
+        count = _write_results(store, batch_id, out)
     typer.echo(f"{count} results", err=True)
 
 
 @batch.command("cancel")
 def cancel(batch_id: str) -> None:
     """Cancel a batch: queued items never start, running ones stop."""
-    with _jobs(get_settings()) as jobs:
-        store = BatchStore(jobs)
+    with _batches(get_settings()) as store:
         store.cancel(batch_id)
         typer.echo(describe(store.status(batch_id)), err=True)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-import redis
 import typer
 
 from webctx.models import Bundle
 from webctx.settings import Settings
+
+if TYPE_CHECKING:
+    from webctx.workers.deps import StateStores
 
 
 class OutputFormat(StrEnum):
@@ -36,10 +39,11 @@ def print_bundle(bundle: Bundle, fmt: OutputFormat) -> None:
     sys.stdout.flush()
 
 
-def state_redis(settings: Settings, *, missing: str) -> redis.Redis:
-    """The state Redis of broker mode; exit 2 with the `missing` message when none is set."""
-    from webctx.workers.deps import state_client
+def state_stores(settings: Settings, *, missing: str) -> StateStores:
+    """The owners of the state Redis's keys in broker mode; exit 2 with the `missing`
+    message when no state Redis is set."""
+    from webctx.workers.deps import state_stores as open_stores
 
     if not settings.state_url():
         raise fail(missing)
-    return state_client(settings)
+    return open_stores(settings)

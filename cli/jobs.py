@@ -71,9 +71,9 @@ def research(
                 job_id = submit_job(deps.jobs, request, timeout_s=settings.job_timeout_s)
                 _wait_and_print(deps.jobs, job_id, format, wait_s)
             return
-        from webctx.workers.deps import state_client
+        from webctx.workers.deps import state_stores
 
-        jobs = JobStore(state_client(settings), ttl_s=settings.job_ttl_s)
+        jobs = state_stores(settings).jobs
         job_id = submit_job(jobs, request, timeout_s=settings.job_timeout_s)
         if no_wait:
             typer.echo(job_id)
@@ -117,11 +117,11 @@ def _wait_and_print(jobs: JobStore, job_id: str, fmt: OutputFormat, wait_s: floa
 
 def status(job_id: str) -> None:
     """Print a job's progress as JSON (broker mode)."""
-    from webctx.workers.deps import state_client
+    from webctx.workers.deps import state_stores
 
     settings = get_settings()
     try:
-        progress = JobStore(state_client(settings)).progress(job_id)
+        progress = state_stores(settings).jobs.progress(job_id)
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     typer.echo(json.dumps({**progress.__dict__, "status": progress.status.value}))
@@ -132,9 +132,9 @@ def bundle(
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
 ) -> None:
     """Print a finished job's bundle (broker mode)."""
-    from webctx.workers.deps import state_client
+    from webctx.workers.deps import state_stores
 
-    found = JobStore(state_client(get_settings())).bundle(job_id)
+    found = state_stores(get_settings()).jobs.bundle(job_id)
     if found is None:
         raise fail(f"job {job_id} has no bundle (unknown, expired or still running)", code=1)
     print_bundle(found, format)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from webctx.cli.common import fail, state_redis
+from webctx.cli.common import fail, state_stores
 from webctx.errors import WebctxError
 from webctx.jobs.tenants import TenantStore
 from webctx.settings import get_settings
@@ -16,7 +16,7 @@ keys = typer.Typer(help="Create and revoke API keys (stored hashed in the job st
 
 def _tenant_store() -> TenantStore:
     missing = "API keys live in Redis: set WEBCTX_REDIS_URL or CELERY_BROKER_URL"
-    return TenantStore(state_redis(get_settings(), missing=missing))
+    return state_stores(get_settings(), missing=missing).tenants
 
 
 @keys.command("create")

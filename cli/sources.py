@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import redis
 import typer
 
-from webctx.cli.common import fail, state_redis
+from webctx.cli.common import fail, state_stores
 from webctx.errors import WebctxError
 from webctx.settings import get_settings
+
+if TYPE_CHECKING:
+    from webctx.workers.deps import StateStores
 
 sources = typer.Typer(help="Sources of the persistent index, re-indexed on a schedule.")
 TenantOpt = Annotated[str | None, typer.Option(help="Tenant [WEBCTX_LOCAL_TENANT].")]
 
 
-def _index_redis() -> redis.Redis:
+def _index_stores() -> StateStores:
     missing = "the index lives in Redis: set WEBCTX_REDIS_URL or CELERY_BROKER_URL"
-    return state_redis(get_settings(), missing=missing)
+    return state_stores(get_settings(), missing=missing)
 
 
 @sources.command("add")
@@ -29,12 +31,12 @@ def sources_add(
     tenant: TenantOpt = None,
 ) -> None:
     """Register a source; the next beat tick indexes it."""
-    from webctx.index.sources import SourceRegistry, parse_interval
+    from webctx.index.sources import parse_interval
 
     if kind not in ("auto", "page", "sitemap", "feed"):
         raise fail(f"invalid --kind {kind!r}")
     try:
-        source = SourceRegistry(_index_redis()).add(
+        source = _index_stores().sources.add(
             tenant or get_settings().local_tenant, url, every_s=parse_interval(every),
             kind=kind,  # type: ignore[arg-type]
         )
@@ -49,9 +51,7 @@ def sources_list(
     tenant: TenantOpt = None,
 ) -> None:
     """List the tenant's sources with their last run."""
-    from webctx.index.sources import SourceRegistry
-
-    found = SourceRegistry(_index_redis()).list_for(tenant or get_settings().local_tenant)
+    found = _index_stores().sources.list_for(tenant or get_settings().local_tenant)
     if format == "json":
         typer.echo(json.dumps([s.model_dump() for s in found], indent=2))
         return
@@ -67,10 +67,8 @@ def sources_remove(
     ref: Annotated[str, typer.Argument(help="Source id or URL.")], tenant: TenantOpt = None
 ) -> None:
     """Unregister a source and drop its pages from the index."""
-    from webctx.index.sources import SourceRegistry
-
     settings = get_settings()
-    source = SourceRegistry(_index_redis()).remove(tenant or settings.local_tenant, ref)
+    source = _index_stores().sources.remove(tenant or settings.local_tenant, ref)
     if source is None:
         raise fail("no such source", code=1)
     from webctx.workers.index_tasks import forget
@@ -90,26 +88,24 @@ def sources_refresh(
     tenant: TenantOpt = None,
 ) -> None:
     """Re-index now, outside the schedule."""
-    from webctx.index.sources import SourceRegistry
-    from webctx.workers.index_tasks import start_refresh, wait_for_run
+    from webctx.workers.index_tasks import start_refresh
 
     settings = get_settings()
-    r = _index_redis()
-    registry = SourceRegistry(r)
+    stores = _index_stores()
     name = tenant or settings.local_tenant
-    chosen = registry.list_for(name)
+    chosen = stores.sources.list_for(name)
     if source is not None:
         chosen = [s for s in chosen if source in (s.source_id, s.url)]
     if not chosen:
         raise fail("no sources to refresh", code=1)
     try:
-        run_id = start_refresh(settings, r, chosen)
+        run_id = start_refresh(settings, stores.runs, chosen)
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     if not wait:
         typer.echo(run_id)
         return
-    status = wait_for_run(r, run_id, timeout_s=timeout)
+    status = stores.runs.wait(run_id, timeout_s=timeout)
     typer.echo(json.dumps(status, indent=2))
     if status is None or status["pending"] > 0:
         raise fail(f"run {run_id} not finished after {timeout:.0f} s", code=1)
@@ -129,7 +125,7 @@ def search(
     from webctx.workers.index_tasks import run_search
 
     settings = get_settings()
-    _index_redis()
+    _index_stores()
     filters = {"site": site, "source_id": source, "published_from": since, "published_to": until}
     try:
         hits = run_search(settings, tenant=tenant or settings.local_tenant, query=query,

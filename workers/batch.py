@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 
 from webctx.jobs.batches import BatchItem, BatchStore, FeedLimits
-from webctx.jobs.store import JobStore
 from webctx.models import JobRequest
 from webctx.settings import Settings
 from webctx.workers.app import app, broker_priority, worker_deps
@@ -35,14 +34,13 @@ def feed_limits(settings: Settings) -> FeedLimits:
     )
 
 
-def feed_batch(jobs: JobStore, settings: Settings, batch_id: str) -> int:
+def feed_batch(store: BatchStore, settings: Settings, batch_id: str) -> int:
     """One feeder step for the batch, then make sure a tick follows while it runs."""
-    store = BatchStore(jobs)
     tenant = store.tenant(batch_id)
 
     def submit(job_id: str, request: JobRequest) -> None:
         submit_job(
-            jobs,
+            store.jobs,
             request,
             timeout_s=settings.job_timeout_s,
             job_id=job_id,
@@ -64,11 +62,11 @@ def feed_batch(jobs: JobStore, settings: Settings, batch_id: str) -> int:
 
 
 def submit_batch(
-    jobs: JobStore, settings: Settings, tenant: str, name: str, items: list[BatchItem]
+    store: BatchStore, settings: Settings, tenant: str, name: str, items: list[BatchItem]
 ) -> tuple[str, bool]:
     """Record (or find) the batch and feed it once; (batch id, True if new)."""
-    batch_id, created = BatchStore(jobs).create(tenant, name, items)
-    feed_batch(jobs, settings, batch_id)
+    batch_id, created = store.create(tenant, name, items)
+    feed_batch(store, settings, batch_id)
     return batch_id, created
 
 
@@ -77,7 +75,7 @@ def batch_feed(batch_id: str) -> str:
     """Settle a batch's finished items and start the next ones."""
     deps = worker_deps()
     try:
-        feed_batch(deps.jobs, deps.settings, batch_id)
+        feed_batch(deps.stores.batches, deps.settings, batch_id)
     except Exception:  # the next tick or item end tries again
         logger.exception("batch feed failed", extra={"batch_id": batch_id})
     return batch_id

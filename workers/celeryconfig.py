@@ -7,6 +7,7 @@ With no broker configured the app runs on kombu's in-memory transport inside the
 from kombu.entity import Exchange, Queue
 
 from webctx.errors import ConfigError
+from webctx.keys import KeyFamily
 from webctx.settings import get_settings
 
 _settings = get_settings()
@@ -113,3 +114,27 @@ task_routes["webctx.batch_feed"] = {"queue": "rank"}
 task_inherit_parent_priority = True  # a batch item's tasks all keep its low priority
 imports = ["webctx.workers.batch"]  # the batch feeder task and its job observer
 worker_hijack_root_logger = False
+
+# What Celery and kombu keep in a Redis broker and result backend (webctx's own keys are in
+# webctx/keys.py): each queue's list, and one more list per priority step above 0; kombu's
+# bindings and its book of unacked messages; control replies; the few results kept.
+_KOMBU = "celery (kombu's Redis transport)"
+_PRIORITY_SEP = "\x06\x16"  # kombu's separator of a queue's priority lists
+REDIS_BROKER_KEYS = (
+    *(KeyFamily(q.name, _KOMBU, "external", "shared", "the queue's waiting messages")
+      for q in task_queues),
+    *(KeyFamily(q.name + _PRIORITY_SEP + "{priority}", _KOMBU, "external", "shared",
+                "the queue's messages of one priority step") for q in task_queues),
+    KeyFamily("_kombu.binding.{exchange}", _KOMBU, "external", "shared", "an exchange's queues"),
+    KeyFamily("_kombu.binding_permanent.{exchange}", _KOMBU, "external", "shared",
+              "the bindings that never expire"),
+    KeyFamily("_kombu.binding_deadlines", _KOMBU, "external", "shared",
+              "when the other bindings expire"),
+    KeyFamily("unacked", _KOMBU, "external", "shared", "messages delivered, not yet acked"),
+    KeyFamily("unacked_index", _KOMBU, "external", "shared", "when each was delivered"),
+    KeyFamily("unacked_mutex", _KOMBU, "external", "shared", "the restore sweep's lock"),
+    KeyFamily("{reply_id}.reply.celery.pidbox", _KOMBU, "external", "shared",
+              "replies to a control command (mingle at start, add_consumer)"),
+    KeyFamily("celery-task-meta-{task_id}", "celery (result backend)", "external", "shared",
+              "a task result somebody reads (index search through a worker)"),
+)  # fmt: skip

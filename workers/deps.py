@@ -13,14 +13,64 @@ import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.errors import ConfigError, WebctxError
-from webctx.jobs.caches import IndexedPages
+from webctx.index.page_records import PageIndex
+from webctx.index.runs import RefreshRuns
+from webctx.index.sources import SourceRegistry
+from webctx.jobs.batches import BatchStore
+from webctx.jobs.caches import IndexedPages, PageCache, SearchCache
 from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.jobs.store import JobObserver, JobStore
+from webctx.jobs.tenants import TenantStore
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
 from webctx.settings import Settings
 
 logger = logging.getLogger("webctx.deps")
+
+
+@dataclass
+class StateStores:
+    """The owners of the state Redis's keys, on one client: whatever a process reads or
+    writes there goes through one of them (webctx/keys.py lists each one's key families)."""
+
+    jobs: JobStore
+    batches: BatchStore
+    tenants: TenantStore
+    sources: SourceRegistry
+    runs: RefreshRuns
+    records: PageIndex
+    _client: redis.Redis = field(repr=False)
+
+    def page_cache(self, *, ttl_s: int) -> PageCache:
+        """The URL cache of downloaded pages, on the same client."""
+        return PageCache(self._client, ttl_s=ttl_s)
+
+    def search_cache(self, *, ttl_s: int, provider: str) -> SearchCache:
+        """The search-results cache of `provider`, on the same client."""
+        return SearchCache(self._client, ttl_s=ttl_s, provider=provider)
+
+    def stored_pages(self, *, ttl_s: int, scope: Sequence[str]) -> IndexedPages:
+        """The marks of pages stored in the vector store `scope` names, on the same client."""
+        return IndexedPages(self._client, ttl_s=ttl_s, scope=scope)
+
+    def close(self) -> None:
+        """Close the client they share."""
+        self.jobs.close()
+
+
+def state_stores(settings: Settings, *, observers: Sequence[JobObserver] = ()) -> StateStores:
+    """The key owners on a client of the state Redis; the job store tells `observers`."""
+    return stores_on(state_client(settings), settings, observers=observers)
+
+
+def stores_on(
+    client: redis.Redis, settings: Settings, *, observers: Sequence[JobObserver] = ()
+) -> StateStores:
+    """The key owners on `client`."""
+    jobs = JobStore(client, ttl_s=settings.job_ttl_s, observers=observers)
+    return StateStores(jobs=jobs, batches=BatchStore(client, jobs), tenants=TenantStore(client),
+                       sources=SourceRegistry(client), runs=RefreshRuns(client),
+                       records=PageIndex(client), _client=client)  # fmt: skip
 
 
 @dataclass
@@ -32,17 +82,24 @@ class Deps:
     """
 
     settings: Settings
-    jobs: JobStore
+    stores: StateStores
     search: SearchProvider
     fetcher: ConditionalFetcher
     embedder: Embedder
     blobs: redis.Redis
     """A client of the state Redis that returns bytes (staged vectors)."""
+    page_cache: PageCache
+    search_cache: SearchCache
     planner_model: str | None = None
     limiter: RedisRateLimiter | None = None
     cache: RedisEmbeddingCache | None = None
     _store: VectorStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def jobs(self) -> JobStore:
+        """The job store."""
+        return self.stores.jobs
 
     @property
     def store(self) -> VectorStore:
@@ -78,8 +135,8 @@ class Deps:
 
     def indexed_pages(self) -> IndexedPages:
         """Pages known to be in this store, embedded by this model, chunked this way."""
-        return IndexedPages(self.jobs.r, ttl_s=self.settings.page_cache_ttl_s,
-                            scope=self.index_scope())  # fmt: skip
+        return self.stores.stored_pages(ttl_s=self.settings.page_cache_ttl_s,
+                                        scope=self.index_scope())  # fmt: skip
 
     def close(self) -> None:
         """Close the vector store if it was opened (the embedded engine holds a lock)."""
@@ -226,13 +283,18 @@ def build_store(settings: Settings) -> VectorStore:
 def build_deps(settings: Settings, *, observers: Sequence[JobObserver] = ()) -> Deps:
     """Every collaborator for `settings`; the job store tells `observers` of its facts."""
     state = state_client(settings)
+    stores = stores_on(state, settings, observers=observers)
+    search = build_search(settings)
     return Deps(
         settings=settings,
-        jobs=JobStore(state, ttl_s=settings.job_ttl_s, observers=observers),
-        search=build_search(settings),
+        stores=stores,
+        search=search,
         fetcher=build_fetcher(settings, state=state if settings.state_url() else None),
         embedder=build_embedder(settings),
         blobs=_bytes_client(settings),
+        page_cache=stores.page_cache(ttl_s=settings.page_cache_ttl_s),
+        search_cache=stores.search_cache(ttl_s=settings.search_cache_ttl_s,
+                                         provider=getattr(search, "name", "")),
         planner_model=settings.planner_model,
         limiter=build_limiter(settings),
         cache=build_embed_cache(settings),

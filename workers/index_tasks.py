@@ -3,34 +3,27 @@
 Beat sends `webctx.index.tick` every WEBCTX_INDEX__TICK_S; the tick claims due sources in
 the registry (each due time exactly once, however many beats or redeliveries send ticks)
 and starts one `webctx.index.refresh` per claimed source. A run lock per source keeps a
-scheduled run and a manual `webctx sources refresh` from interleaving on the same pages.
-
-    webctx:index:run:<run_id>   hash  pending count and each source's report (manual runs)
+scheduled run and a manual `webctx sources refresh` from interleaving on the same pages
+(both it and the manual runs' records are kept by `webctx.index.runs`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, cast
 
-import redis
-
 from webctx.errors import ConfigError
-from webctx.index.page_records import PageIndex
 from webctx.index.refresh import IndexContext, optimize_if_due, refresh_source, sweep
+from webctx.index.runs import RefreshRuns
 from webctx.index.search import IndexHit, search_index
-from webctx.index.sources import Source, SourceRegistry
+from webctx.index.sources import Source
 from webctx.protocols import IndexStore
 from webctx.settings import Settings
 from webctx.workers.app import app, worker_deps
 from webctx.workers.deps import Deps
 
 logger = logging.getLogger(__name__)
-RUN_TTL_S = 24 * 3600
 
 
 def index_context(deps: Deps) -> IndexContext:
@@ -39,7 +32,8 @@ def index_context(deps: Deps) -> IndexContext:
     if not isinstance(store, IndexStore):
         raise ConfigError("the configured vector store cannot serve the index")
     return IndexContext(
-        index=PageIndex(deps.jobs.r),
+        index=deps.stores.records,
+        stored_pages=deps.indexed_pages(),
         fetcher=fetcher,
         embedder=deps.embedder,
         store=store,
@@ -56,7 +50,7 @@ def index_context(deps: Deps) -> IndexContext:
 def tick() -> int:
     """Start a refresh of every due source this tick won; sweep old points."""
     deps = worker_deps()
-    due = SourceRegistry(deps.jobs.r).claim_due()
+    due = deps.stores.sources.claim_due()
     for source in due:
         app.signature("webctx.index.refresh", args=(source.tenant, source.source_id)).apply_async()
     if due:
@@ -68,28 +62,24 @@ def tick() -> int:
 def refresh(tenant: str, source_id: str, run_id: str | None = None) -> str:
     """Re-index one source (skipped while another run of it holds the lock)."""
     deps = worker_deps()
-    r = deps.jobs.r
-    source = SourceRegistry(r).get(tenant, source_id)
+    stores = deps.stores
+    source = stores.sources.get(tenant, source_id)
     report: dict[str, Any] = {"error": "source removed"}
-    lock = f"webctx:index:lock:{tenant}:{source_id}"
     if source is not None:
-        if r.set(lock, run_id or "scheduled", nx=True, ex=deps.settings.task_time_limit_s):
+        holder, ttl_s = run_id or "scheduled", deps.settings.task_time_limit_s
+        if stores.runs.lock(tenant, source_id, holder=holder, ttl_s=ttl_s):
             try:
                 ctx = index_context(deps)
                 report = refresh_source(source, ctx).as_dict()
-                SourceRegistry(r).record_run(source, report)
+                stores.sources.record_run(source, report)
                 if report.get("chunks_embedded"):
                     optimize_if_due(ctx.store)
             finally:
-                r.delete(lock)
+                stores.runs.unlock(tenant, source_id)
         else:
             report = {"error": "another run of this source is in progress"}
     if run_id:
-        pipe = r.pipeline()
-        pipe.hset(f"webctx:index:run:{run_id}", source_id, json.dumps(report))
-        pipe.hincrby(f"webctx:index:run:{run_id}", "pending", -1)
-        pipe.expire(f"webctx:index:run:{run_id}", RUN_TTL_S)
-        pipe.execute()
+        stores.runs.report(run_id, source_id, report)
     return source_id
 
 
@@ -136,14 +126,9 @@ def run_search(
     return [IndexHit.model_validate(h) for h in raw]
 
 
-def start_refresh(settings: Settings, r: redis.Redis, sources: Sequence[Source]) -> str:
+def start_refresh(settings: Settings, runs: RefreshRuns, sources: Sequence[Source]) -> str:
     """Re-index `sources` now, outside the schedule; returns the run id to wait on."""
-    run_id = uuid.uuid4().hex
-    key = f"webctx:index:run:{run_id}"
-    tenants = ",".join(sorted({s.tenant for s in sources}))
-    r.hset(key, mapping={"pending": len(sources), "started_at": f"{time.time():.3f}",
-                         "tenant": tenants})  # fmt: skip
-    r.expire(key, RUN_TTL_S)
+    run_id = runs.start([s.tenant for s in sources], len(sources))
     for source in sources:
         if settings.embedded:  # no broker: run here, now
             refresh.run(source.tenant, source.source_id, run_id)
@@ -152,24 +137,3 @@ def start_refresh(settings: Settings, r: redis.Redis, sources: Sequence[Source])
                 "webctx.index.refresh", args=(source.tenant, source.source_id, run_id)
             ).apply_async()
     return run_id
-
-
-def run_status(r: redis.Redis, run_id: str) -> dict[str, Any] | None:
-    """pending count and finished sources' reports of a manual run."""
-    raw = cast(dict[str, str], r.hgetall(f"webctx:index:run:{run_id}"))
-    if not raw:
-        return None
-    meta = ("pending", "started_at", "tenant")
-    reports = {k: json.loads(v) for k, v in raw.items() if k not in meta}
-    return {"run_id": run_id, "pending": int(raw["pending"]), "tenant": raw.get("tenant", ""),
-            "sources": reports}  # fmt: skip
-
-
-def wait_for_run(r: redis.Redis, run_id: str, *, timeout_s: float) -> dict[str, Any] | None:
-    """Poll a manual run until every source reported or `timeout_s` passed."""
-    deadline = time.monotonic() + timeout_s
-    status = run_status(r, run_id)
-    while status is not None and status["pending"] > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        status = run_status(r, run_id)
-    return status

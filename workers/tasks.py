@@ -15,7 +15,7 @@ import redis
 from celery import Task
 
 from webctx.errors import FetchError, RateLimited, TransientError, WebctxError
-from webctx.jobs.caches import IndexedPages, PageCache, RememberedFailure, SearchCache
+from webctx.jobs.caches import IndexedPages, PageCache, RememberedFailure
 from webctx.jobs.staging import ChunkStaging
 from webctx.models import BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.stages.bundle import build_bundle
@@ -307,8 +307,7 @@ def rank(self: Task[Any, Any], job_id: str, force: bool = False) -> str:
 def _cached_search(deps: Deps, job_id: str, query: str, limit: int) -> list[SearchResult]:
     """One query's results; batch items take them from the search cache when fresh."""
     recency = deps.jobs.request(job_id).recency_days
-    ttl_s = deps.settings.search_cache_ttl_s
-    cache = SearchCache(deps.jobs.r, ttl_s=ttl_s, provider=getattr(deps.search, "name", ""))
+    cache = deps.search_cache
     # The cache holds unrestricted results only: a recency-limited query always goes out.
     cached = deps.jobs.batch_of(job_id) and recency is None
     results = cache.get(query, limit=limit) if cached else None
@@ -326,10 +325,8 @@ def _indexed_page(deps: Deps, job_id: str, url: str) -> Page | None:
     """The tenant's indexed copy of `url` if re-indexed within WEBCTX_INDEX__MAX_AGE_S."""
     if deps.settings.index.max_age_s <= 0 or not deps.settings.state_url():
         return None
-    from webctx.index.page_records import PageIndex
-
     tenant = deps.jobs.tenant(job_id) or deps.settings.local_tenant
-    return PageIndex(deps.jobs.r).fresh_page(
+    return deps.stores.records.fresh_page(
         tenant, url, max_age_s=deps.settings.index.max_age_s, model=deps.embedder.model
     )
 
@@ -340,7 +337,7 @@ def _fetch_page(deps: Deps, job_id: str, url_id: str, url: str) -> Page | None:
         deps.jobs.add_counts(job_id, index_reused=1)
         deps.jobs.save_page(job_id, url_id, indexed)
         return indexed
-    cache = PageCache(deps.jobs.r, ttl_s=deps.settings.page_cache_ttl_s)
+    cache = deps.page_cache
     if not deps.jobs.batch_of(job_id):  # interactive jobs fetch anew
         return _download(deps, job_id, url_id, url, cache)
     # Batch items reuse a page downloaded within the window, and download it single-flight:

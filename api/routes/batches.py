@@ -37,11 +37,11 @@ def _items(body: bytes, token_budget: int | None, max_sources: int | None) -> li
 
 def _status(runtime: Runtime, batch_id: str) -> BatchStatus:
     price = runtime.settings.batch.price_per_1k_tokens
-    return BatchStore(runtime.jobs).status(batch_id, price_per_1k_tokens=price)
+    return runtime.stores.batches.status(batch_id, price_per_1k_tokens=price)
 
 
 def _owned(runtime: Runtime, tenant: str, batch_id: str) -> BatchStore:
-    store = BatchStore(runtime.jobs)
+    store = runtime.stores.batches
     if store.tenant(batch_id) != tenant:
         raise BatchNotFound(batch_id)
     return store
@@ -83,7 +83,7 @@ async def create_batch(
     def submit() -> tuple[str, bool]:
         from webctx.workers.batch import submit_batch
 
-        return submit_batch(runtime.jobs, runtime.settings, caller.tenant, name, items)
+        return submit_batch(runtime.stores.batches, runtime.settings, caller.tenant, name, items)
 
     batch_id, created = await anyio.to_thread.run_sync(submit)
     response.headers["Location"] = f"/v1/batches/{batch_id}"
@@ -98,7 +98,7 @@ def read_batch(batch_id: BatchId, caller: CallerDep, runtime: RuntimeDep) -> Bat
     from webctx.workers.batch import feed_batch
 
     _owned(runtime, caller.tenant, batch_id)
-    feed_batch(runtime.jobs, runtime.settings, batch_id)  # reading also moves a batch
+    feed_batch(runtime.stores.batches, runtime.settings, batch_id)  # reading also moves a batch
     return _status(runtime, batch_id)
 
 

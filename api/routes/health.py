@@ -54,7 +54,7 @@ async def readyz(runtime: RuntimeDep) -> Readiness:
 def check_peers(runtime: Runtime) -> dict[str, str]:
     """Probe every peer; `ok` or a short error per peer."""
     return {
-        "job_store": _probe(lambda: runtime.jobs.r.ping()),
+        "job_store": _probe(runtime.jobs.ping),
         "broker": _probe(_ping_broker),
         "result_backend": _probe(_ping_backend),
         "vector_store": _probe(lambda: _ping_vectors(runtime)),

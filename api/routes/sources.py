@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from webctx.api.deps import CallerDep, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
 from webctx.errors import JobNotFound
-from webctx.index.sources import Source, SourceRegistry, parse_interval
+from webctx.index.sources import Source, parse_interval
 
 router = APIRouter(prefix="/v1", tags=["index"])
 SourceRef = Annotated[str, Path(pattern=r"^[0-9a-f]{16}$", description="A source id.")]
@@ -47,7 +47,7 @@ class RunOut(BaseModel):
 async def add_source(body: SourceIn, runtime: RuntimeDep, caller: CallerDep) -> Source:
     """Register (or update) a source; the next schedule tick indexes it."""
     every_s = parse_interval(body.every)
-    registry = SourceRegistry(runtime.jobs.r)
+    registry = runtime.stores.sources
     return await anyio.to_thread.run_sync(
         lambda: registry.add(caller.tenant, body.url, every_s=every_s, kind=body.kind)
     )
@@ -56,7 +56,7 @@ async def add_source(body: SourceIn, runtime: RuntimeDep, caller: CallerDep) -> 
 @router.get("/sources", responses=ERRORS)
 async def list_sources(runtime: RuntimeDep, caller: CallerDep) -> list[Source]:
     """The caller's sources with their last run."""
-    return await anyio.to_thread.run_sync(SourceRegistry(runtime.jobs.r).list_for, caller.tenant)
+    return await anyio.to_thread.run_sync(runtime.stores.sources.list_for, caller.tenant)
 
 
 @router.delete("/sources/{source_id}", status_code=204, responses=ERRORS)
@@ -65,7 +65,7 @@ async def remove_source(source_id: SourceRef, runtime: RuntimeDep, caller: Calle
     from webctx.workers.index_tasks import forget
 
     source = await anyio.to_thread.run_sync(
-        SourceRegistry(runtime.jobs.r).remove, caller.tenant, source_id
+        runtime.stores.sources.remove, caller.tenant, source_id
     )
     if source is None:
         raise JobNotFound(source_id)
@@ -79,25 +79,23 @@ async def remove_source(source_id: SourceRef, runtime: RuntimeDep, caller: Calle
 @router.post("/sources/refresh", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)
 async def refresh_sources(body: RefreshIn, runtime: RuntimeDep, caller: CallerDep) -> RunOut:
     """Re-index now, outside the schedule; poll the run for the reports."""
-    from webctx.workers.index_tasks import run_status, start_refresh
+    from webctx.workers.index_tasks import start_refresh
 
-    registry = SourceRegistry(runtime.jobs.r)
-    chosen = await anyio.to_thread.run_sync(registry.list_for, caller.tenant)
+    stores = runtime.stores
+    chosen = await anyio.to_thread.run_sync(stores.sources.list_for, caller.tenant)
     if body.source_ids:
         chosen = [s for s in chosen if s.source_id in set(body.source_ids)]
     run_id = await anyio.to_thread.run_sync(
-        lambda: start_refresh(runtime.settings, runtime.jobs.r, chosen)
+        lambda: start_refresh(runtime.settings, stores.runs, chosen)
     )
-    found = await anyio.to_thread.run_sync(run_status, runtime.jobs.r, run_id)
+    found = await anyio.to_thread.run_sync(stores.runs.status, run_id)
     return RunOut.model_validate(found or {"run_id": run_id, "pending": 0})
 
 
 @router.get("/sources/runs/{run_id}", responses=ERRORS)
 async def read_run(run_id: RunId, runtime: RuntimeDep, caller: CallerDep) -> RunOut:
     """A re-index run's progress and reports."""
-    from webctx.workers.index_tasks import run_status
-
-    found = await anyio.to_thread.run_sync(run_status, runtime.jobs.r, run_id)
+    found = await anyio.to_thread.run_sync(runtime.stores.runs.status, run_id)
     if found is None or found["tenant"] != caller.tenant:
         raise JobNotFound(run_id)
     return RunOut.model_validate(found)

@@ -52,7 +52,7 @@ def _write(path: Path, questions: list[str]) -> Path:
 
 
 def _status(client: redis.Redis, batch_id: str) -> BatchStatus:
-    return BatchStore(JobStore(client)).status(batch_id)
+    return BatchStore(client, JobStore(client)).status(batch_id)
 
 
 def _wait(client: redis.Redis, batch_id: str, until: str, timeout_s: float = 90) -> BatchStatus:

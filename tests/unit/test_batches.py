@@ -24,8 +24,13 @@ LIMITS = FeedLimits(concurrency=3, max_inflight=4, job_timeout_s=100, grace_s=10
 
 
 @pytest.fixture
-def jobs() -> JobStore:
-    return JobStore(fakeredis.FakeRedis(decode_responses=True), ttl_s=600)
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(decode_responses=True)
+
+
+@pytest.fixture
+def jobs(client: fakeredis.FakeRedis) -> JobStore:
+    return JobStore(client, ttl_s=600)
 
 
 def _lines(n: int, **extra: object) -> list[str]:
@@ -94,7 +99,7 @@ def test_defaults_apply_unless_an_item_sets_its_own() -> None:
 def test_same_name_and_file_is_the_same_batch_and_a_changed_file_is_refused(
     jobs: JobStore,
 ) -> None:
-    store = BatchStore(jobs)
+    store = BatchStore(jobs._redis, jobs)
     first, created = store.create("acme", "weekly", _items(3))
     again, created_again = store.create("acme", "weekly", _items(3))
     assert created and not created_again and first == again
@@ -105,7 +110,7 @@ def test_same_name_and_file_is_the_same_batch_and_a_changed_file_is_refused(
 
 
 def test_feeder_keeps_at_most_concurrency_items_in_flight(jobs: JobStore) -> None:
-    store = BatchStore(jobs)
+    store = BatchStore(jobs._redis, jobs)
     batch_id, _ = store.create("acme", "b", _items(7))
     submit = Recorder(jobs)
     assert store.feed(batch_id, submit, LIMITS) == 3
@@ -123,7 +128,7 @@ def test_feeder_keeps_at_most_concurrency_items_in_flight(jobs: JobStore) -> Non
 
 
 def test_batch_finishes_and_results_come_in_input_order(jobs: JobStore) -> None:
-    store = BatchStore(jobs)
+    store = BatchStore(jobs._redis, jobs)
     batch_id, _ = store.create("acme", "b", _items(5))
     submit = Recorder(jobs)
     while not store.status(batch_id).finished:
@@ -142,7 +147,7 @@ def test_batch_finishes_and_results_come_in_input_order(jobs: JobStore) -> None:
 
 
 def test_a_tenant_gets_only_its_share_when_another_tenant_waits(jobs: JobStore) -> None:
-    store = BatchStore(jobs)
+    store = BatchStore(jobs._redis, jobs)
     limits = FeedLimits(concurrency=8, max_inflight=4)
     big, _ = store.create("acme", "big", _items(20))
     submit = Recorder(jobs)
@@ -156,7 +161,7 @@ def test_a_tenant_gets_only_its_share_when_another_tenant_waits(jobs: JobStore) 
 
 
 def test_cancel_stops_queued_items(jobs: JobStore) -> None:
-    store = BatchStore(jobs)
+    store = BatchStore(jobs._redis, jobs)
     batch_id, _ = store.create("acme", "b", _items(10))
     submit = Recorder(jobs)
     store.feed(batch_id, submit, LIMITS)
@@ -171,7 +176,7 @@ def test_cancel_stops_queued_items(jobs: JobStore) -> None:
 
 
 def test_lost_jobs_are_fed_again_and_stuck_jobs_fail_at_the_deadline(jobs: JobStore) -> None:
-    store = BatchStore(jobs)
+    store = BatchStore(jobs._redis, jobs)
     batch_id, _ = store.create("acme", "b", _items(2))
     lost: list[str] = []
     store.feed(batch_id, lambda job_id, _request: lost.append(job_id), LIMITS, now=1000.0)
@@ -195,8 +200,8 @@ def test_item_job_ids_name_their_batch() -> None:
 
 def test_the_end_of_a_batch_items_job_feeds_its_batch_at_once(jobs: JobStore) -> None:
     fed: list[str] = []
-    observed = JobStore(jobs.r, ttl_s=600, observers=[FeedOnItemEnd(fed.append)])
-    batch_id, _ = BatchStore(jobs).create("alpha", "n", _items(2))
+    observed = JobStore(jobs._redis, ttl_s=600, observers=[FeedOnItemEnd(fed.append)])
+    batch_id, _ = BatchStore(jobs._redis, jobs).create("alpha", "n", _items(2))
     item_job = item_job_id(batch_id, 0)
     interactive = observed.create(JobRequest(question="q"))
     observed.create(JobRequest(question="q"), job_id=item_job, batch=batch_id)
@@ -205,3 +210,18 @@ def test_the_end_of_a_batch_items_job_feeds_its_batch_at_once(jobs: JobStore) ->
     assert fed == []
     observed.set_status(item_job, JobStatus.SUCCEEDED)
     assert fed == [batch_id]
+
+
+def test_every_key_of_a_batch_expires_the_parts_written_after_creation_too(
+    jobs: JobStore,
+) -> None:
+    store = BatchStore(jobs._redis, jobs)
+    batch_id, _ = store.create("alpha", "n", _items(3))
+    submit = Recorder(jobs)
+    store.feed(batch_id, submit, LIMITS)
+    for i in range(3):
+        _finish(jobs, item_job_id(batch_id, i), JobStatus.FAILED if i else JobStatus.SUCCEEDED)
+    store.feed(batch_id, submit, LIMITS)
+    keys = list(jobs._redis.scan_iter(f"webctx:batch:{batch_id}*"))
+    assert {k.rsplit(":", 1)[-1] for k in keys} >= {"outcome", "stats"}
+    assert all(0 < jobs._redis.ttl(k) <= 600 for k in keys), keys

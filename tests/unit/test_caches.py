@@ -85,7 +85,7 @@ def test_a_failed_download_is_remembered_until_the_page_is_fetched() -> None:
     url = "https://example.org/gone"
     cache.remember_failure(url, RememberedFailure("fetch", "http_status", "HTTP 404"))
     assert cache.failure(url) == RememberedFailure("fetch", "http_status", "HTTP 404")
-    assert 0 < cache.r.ttl(cache._failure_key(url)) <= FAILURE_TTL_S
+    assert 0 < cache._redis.ttl(cache._failure_key(url)) <= FAILURE_TTL_S
     page = make_page(url=url, fetched_at=datetime.now(UTC))
     cache.remember(url, page)
     assert cache.failure(url) is None and cache.fresh_sha(url) == page.content_sha256
@@ -133,7 +133,7 @@ def test_a_page_past_its_window_is_stale_with_its_validators_until_it_expires() 
     page = make_page(url="https://example.org/a", fetched_at=datetime.now(UTC), etag='"v1"')
     cache.remember(page.url, page)
     assert cache.stale(page.url) == StaleEntry(page.content_sha256, '"v1"', None)
-    assert cache.r.ttl(cache._key(page.url)) == REVALIDATE_WINDOWS
+    assert cache._redis.ttl(cache._key(page.url)) == REVALIDATE_WINDOWS
     assert cache.fresh_sha(page.url, now=page.fetched_at.timestamp() + 2) is None
     bare = make_page(url="https://example.org/b", fetched_at=datetime.now(UTC))
     cache.remember(bare.url, bare)

@@ -21,6 +21,7 @@ from webctx.index.generations import Change, Commit, tenant_key
 from webctx.index.page_records import IndexedPage, PageIndex
 from webctx.index.refresh import IndexContext
 from webctx.index.search import search_index
+from webctx.jobs.caches import IndexedPages
 from webctx.models import Chunk, Page, StoredChunk
 from webctx.protocols import IndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
@@ -60,7 +61,8 @@ def record_of(page: Page, url: str | None = None) -> IndexedPage:
 
 
 def ctx_for(r: redis.Redis, store: IndexStore) -> IndexContext:
-    return IndexContext(index=PageIndex(r), fetcher=None,  # type: ignore[arg-type]
+    return IndexContext(index=PageIndex(r), stored_pages=IndexedPages(r, ttl_s=60, scope=["s"]),
+                        fetcher=None,  # type: ignore[arg-type]
                         embedder=HashEmbedder(model="hash-embedding"), store=store,
                         chunking=ChunkSettings(), embedding=EmbedSettings(),
                         settings=IndexSettings(grace_s=60.0))  # fmt: skip

@@ -24,7 +24,6 @@ from webctx.index.refresh import IndexContext, refresh_source, sweep
 from webctx.index.search import search_index
 from webctx.index.sources import Source, SourceRegistry
 from webctx.jobs.caches import IndexedPages
-from webctx.jobs.store import JobStore
 from webctx.models import Chunk, Download, StoredChunk
 from webctx.protocols import Embeddings
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
@@ -117,6 +116,7 @@ def site() -> FakeSite:
 def ctx(r: redis.Redis, site: FakeSite) -> IndexContext:
     return IndexContext(
         index=PageIndex(r),
+        stored_pages=IndexedPages(r, ttl_s=3600, scope=["test store"]),
         fetcher=site,
         embedder=CountingEmbedder(),
         store=MemoryVectorStore(),
@@ -295,22 +295,24 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
 
     from webctx.api.deps import Runtime
     from webctx.api.mcp import build_mcp
-    from webctx.jobs.tenants import TenantStore
     from webctx.settings import Settings
     from webctx.workers.app import set_deps
-    from webctx.workers.deps import Deps
+    from webctx.workers.deps import Deps, stores_on
 
     settings = Settings(redis_url=redis_url(), embedding_provider="hash",
                         qdrant_path=tmp_path / "q", local_tenant=TENANT)  # fmt: skip
     store = MemoryVectorStore()
-    deps = Deps(settings=settings, jobs=JobStore(r), search=None,  # type: ignore[arg-type]
-                fetcher=site, embedder=HashEmbedder(), blobs=r, _store=store)  # fmt: skip
+    stores = stores_on(r, settings)
+    deps = Deps(settings=settings, stores=stores, search=None,  # type: ignore[arg-type]
+                fetcher=site, embedder=HashEmbedder(), blobs=r,
+                page_cache=stores.page_cache(ttl_s=0),
+                search_cache=stores.search_cache(ttl_s=0, provider=""), _store=store)  # fmt: skip
     site.put("/a.html", article("narwhal"))
-    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=60)
+    source = stores.sources.add(TENANT, BASE + "/a.html", every_s=60)
     set_deps(deps)
     try:
         refresh_source(source, index_context(deps))
-        server = build_mcp(lambda: Runtime(settings, deps.jobs, TenantStore(r)))
+        server = build_mcp(lambda: Runtime(settings, stores))
         async with Client(server) as client:
             result = await client.call_tool("search_index", {"query": "narwhal", "limit": 3})
     finally:

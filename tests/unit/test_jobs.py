@@ -84,8 +84,8 @@ def test_every_job_key_expires(jobs: JobStore) -> None:
     jobs.set_urls(job, ["http://a.example"])
     jobs.add_counts(job, chunks=3)
     jobs.complete(job, "search", "0", total=2)
-    for key in jobs.r.scan_iter(f"webctx:job:{job}:*"):
-        assert 0 < jobs.r.ttl(key) <= 60, key
+    for key in jobs._redis.scan_iter(f"webctx:job:{job}:*"):
+        assert 0 < jobs._redis.ttl(key) <= 60, key
 
 
 def test_unknown_job_raises_not_found(jobs: JobStore) -> None:
@@ -101,7 +101,7 @@ def test_completion_with_no_items_starts_nothing(jobs: JobStore) -> None:
 
 def test_progress_of_a_record_without_status_is_not_found(jobs: JobStore) -> None:
     # A stray write after Redis came back empty leaves fields but no status.
-    jobs.r.hset("webctx:job:ghost:meta", "next:embed", "1")
+    jobs._redis.hset("webctx:job:ghost:meta", "next:embed", "1")
     with pytest.raises(JobNotFound):
         jobs.progress("ghost")
 

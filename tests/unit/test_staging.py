@@ -41,7 +41,7 @@ def test_staging_expires_and_is_dropped_once_stored() -> None:
     staging = _staging()
     staging.put(chunks, [[1.0, 0.0]] * len(chunks))
     key = f"webctx:staged:s1:{page.content_sha256}"
-    assert 0 < staging.r.ttl(key) <= 60
+    assert 0 < staging._redis.ttl(key) <= 60
     staging.drop(page.content_sha256)
     assert staging.get(page.content_sha256) is None
 
@@ -60,7 +60,7 @@ def test_a_torn_entry_reads_as_missing_not_as_wrong_vectors() -> None:
     staging = _staging()
     staging.put(chunks, [[1.0, 2.0]] * len(chunks))
     key = f"webctx:staged:s1:{page.content_sha256}"
-    staging.r.hset(key, "vectors", b"\x00" * 12)  # not len(spans) x dim float32s
+    staging._redis.hset(key, "vectors", b"\x00" * 12)  # not len(spans) x dim float32s
     assert staging.get(page.content_sha256) is None
 
 

@@ -17,7 +17,7 @@ def store() -> TenantStore:
 def test_key_is_stored_only_as_its_sha256(store: TenantStore) -> None:
     key, record = store.create_key("acme")
     assert key.startswith("wctx_") and len(key) > 40
-    dumped = {k: store.r.dump(k) for k in store.r.keys("*")}
+    dumped = {k: store._redis.dump(k) for k in store._redis.keys("*")}
     assert not any(key in k or (v and key.encode() in v) for k, v in dumped.items())
     assert f"webctx:apikey:{hash_key(key)}" in dumped
     resolved = store.resolve(key)

@@ -90,14 +90,13 @@ class Commit(BaseModel):
 class Generations:
     """A tenant's published generation and the commit protocol that advances it."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
-        self.r = client
-        self.prefix = prefix
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
         self._local = threading.Lock()
         self._tenant_locks: dict[str, threading.Lock] = {}
 
     def _key(self, tenant: str, name: str) -> str:
-        return f"{self.prefix}:{tenant}:{name}"
+        return f"webctx:index:{tenant}:{name}"
 
     def key(self, tenant: str) -> str:
         """The key of the tenant's published generation (to read it inside a MULTI)."""
@@ -105,7 +104,7 @@ class Generations:
 
     def published(self, tenant: str) -> int | None:
         """The tenant's published generation; None before its first commit."""
-        raw = self.r.get(self.key(tenant))
+        raw = self._redis.get(self.key(tenant))
         return int(cast(str, raw)) if raw is not None else None
 
     @contextmanager
@@ -121,7 +120,7 @@ class Generations:
         try:
             key, token = self._key(tenant, "lock"), uuid.uuid4().hex
             deadline, pause = time.monotonic() + LOCK_WAIT_S, 0.001
-            while not self.r.set(key, token, nx=True, px=LOCK_TTL_MS):
+            while not self._redis.set(key, token, nx=True, px=LOCK_TTL_MS):
                 if time.monotonic() > deadline:
                     raise ProviderError("redis", f"index commit lock of {tenant!r} not free")
                 time.sleep(pause)
@@ -130,7 +129,7 @@ class Generations:
                 yield
             finally:
                 # Release only our own lock (it may have expired and been taken meanwhile).
-                self.r.eval(_RELEASE, 1, key, token)
+                self._redis.eval(_RELEASE, 1, key, token)
         finally:
             local.release()
 
@@ -140,11 +139,11 @@ class Generations:
 
     def journal(self, tenant: str, commit: Commit) -> None:
         """Record the commit about to be applied (replayed if this process dies)."""
-        self.r.set(self._key(tenant, "commit"), commit.model_dump_json())
+        self._redis.set(self._key(tenant, "commit"), commit.model_dump_json())
 
     def pending(self, tenant: str) -> Commit | None:
         """The journaled commit a dead committer left, if any."""
-        raw = self.r.get(self._key(tenant, "commit"))
+        raw = self._redis.get(self._key(tenant, "commit"))
         return Commit.model_validate_json(cast(str, raw)) if raw else None
 
     def publish(self, pipe: redis.client.Pipeline, tenant: str, generation: int) -> None:

@@ -34,7 +34,7 @@ from webctx.index.generations import (
 from webctx.models import Page
 from webctx.protocols import IndexScope, IndexWriter
 
-PREFIX = "webctx:index"
+_GRAVEYARD = "webctx:index:graveyard"
 _BATCH = 500
 
 
@@ -78,31 +78,31 @@ class PageIndex:
     """The URL -> current content hash pointers of every tenant, in Redis."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.r = client
-        self.generations = Generations(client, PREFIX)
+        self._redis = client
+        self.generations = Generations(client)
         self._queue_lock = threading.Lock()
         self._queues: dict[str, list[_Ticket]] = {}
         self._records_script = client.register_script(_RECORDS)
 
     def _pages(self, tenant: str) -> str:
-        return f"{PREFIX}:{tenant}:pages"
+        return f"webctx:index:{tenant}:pages"
 
     @staticmethod
     def _refs(sha: str) -> str:
-        return f"{PREFIX}:refs:{sha}"
+        return f"webctx:index:refs:{sha}"
 
     @staticmethod
     def _page(sha: str) -> str:
-        return f"{PREFIX}:page:{sha}"
+        return f"webctx:index:page:{sha}"
 
     def get(self, tenant: str, url: str) -> IndexedPage | None:
         """The current record of one URL."""
-        raw = self.r.hget(self._pages(tenant), url)
+        raw = self._redis.hget(self._pages(tenant), url)
         return IndexedPage.model_validate_json(cast(str, raw)) if raw else None
 
     def pages(self, tenant: str) -> dict[str, IndexedPage]:
         """url -> record of every indexed page of the tenant, read at one instant."""
-        raw = cast(dict[str, str], self.r.hgetall(self._pages(tenant)))
+        raw = cast(dict[str, str], self._redis.hgetall(self._pages(tenant)))
         return {url: IndexedPage.model_validate_json(v) for url, v in raw.items()}
 
     def seen(self, tenant: str, urls: Sequence[str]) -> dict[str, Seen]:
@@ -110,7 +110,7 @@ class PageIndex:
         out: dict[str, Seen] = {}
         for start in range(0, len(urls), _BATCH):
             batch = list(urls[start : start + _BATCH])
-            values = cast(list[str | None], self.r.hmget(self._pages(tenant), batch))
+            values = cast(list[str | None], self._redis.hmget(self._pages(tenant), batch))
             for url, raw in zip(batch, values, strict=True):
                 if raw:
                     out[url] = (raw, IndexedPage.model_validate_json(raw))
@@ -118,16 +118,16 @@ class PageIndex:
 
     def urls(self, tenant: str) -> list[str]:
         """Every indexed URL of the tenant."""
-        return cast(list[str], self.r.hkeys(self._pages(tenant)))
+        return cast(list[str], self._redis.hkeys(self._pages(tenant)))
 
     def stored_page(self, sha: str) -> Page | None:
         """The stored Page of a content hash, while some URL points at it."""
-        raw = self.r.get(self._page(sha))
+        raw = self._redis.get(self._page(sha))
         return Page.model_validate_json(cast(str, raw)) if raw else None
 
     def touch(self, tenant: str, record: IndexedPage) -> None:
         """Rewrite a record whose content hash did not change (validators, times, misses)."""
-        self.r.hset(self._pages(tenant), record.url, record.model_dump_json())
+        self._redis.hset(self._pages(tenant), record.url, record.model_dump_json())
 
     def touch_many(self, tenant: str, updates: Sequence[tuple[str, IndexedPage]]) -> int:
         """Rewrite records, each only if still exactly as read (raw JSON): a pointer some
@@ -137,12 +137,12 @@ class PageIndex:
             args: list[str] = []
             for raw, record in updates[start : start + _BATCH]:
                 args += [record.url, raw, record.model_dump_json()]
-            written += int(cast(int, self.r.eval(_TOUCH, 1, self._pages(tenant), *args)))
+            written += int(cast(int, self._redis.eval(_TOUCH, 1, self._pages(tenant), *args)))
         return written
 
     def revive(self, sha: str) -> None:
         """A hash about to be pointed at again must not be swept meanwhile."""
-        self.r.zrem(f"{PREFIX}:graveyard", sha)
+        self._redis.zrem(_GRAVEYARD, sha)
 
     # -- pointer moves: the commit protocol ------------------------------------------------
     def commit(
@@ -181,7 +181,7 @@ class PageIndex:
     def _commit_batch(self, tenant: str, batch: list[_Ticket], store: IndexWriter) -> None:
         self._recover(tenant, store)
         urls = list(dict.fromkeys(t.url for t in batch))
-        raws = cast(list[str | None], self.r.hmget(self._pages(tenant), urls))
+        raws = cast(list[str | None], self._redis.hmget(self._pages(tenant), urls))
         current = {u: IndexedPage.model_validate_json(raw).content_sha256
                    for u, raw in zip(urls, raws, strict=True) if raw}  # fmt: skip
         changes, sites = [], {}
@@ -215,7 +215,7 @@ class PageIndex:
     ) -> Commit:
         """The marks a batch needs: hashes the tenant starts or stops pointing at."""
         touched = list({h for c in changes for h in (c.old_sha, c.new_sha) if h})
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self._redis.pipeline(transaction=False)
         for sha in touched:
             pipe.smembers(self._refs(sha))
         pipe.get(self.generations.key(tenant))
@@ -238,7 +238,7 @@ class PageIndex:
 
     def _apply(self, tenant: str, plan: Commit) -> None:
         """The pointer switches and the publication, in one MULTI (idempotent: replayable)."""
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self._redis.pipeline(transaction=True)
         for change in plan.changes:
             member = f"{tenant} {change.url}"
             if change.record is not None and change.new_sha:
@@ -250,7 +250,7 @@ class PageIndex:
                 pipe.hdel(self._pages(tenant), change.url)
             if change.old_sha and change.old_sha != change.new_sha:
                 pipe.srem(self._refs(change.old_sha), member)
-                pipe.zadd(f"{PREFIX}:graveyard", {change.old_sha: time.time() + plan.grace_s})
+                pipe.zadd(_GRAVEYARD, {change.old_sha: time.time() + plan.grace_s})
         if plan.live or plan.dead:
             self.generations.publish(pipe, tenant, plan.generation)
         pipe.execute()
@@ -258,7 +258,7 @@ class PageIndex:
     def _recover(self, tenant: str, store: IndexWriter) -> None:
         """Under the lock: finish a commit a dead process left half done; mark a tenant
         indexed before generations existed (every current page live from generation 1)."""
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self._redis.pipeline(transaction=False)
         pipe.get(self.generations.journal_key(tenant))
         pipe.get(self.generations.key(tenant))
         pipe.hlen(self._pages(tenant))
@@ -272,7 +272,7 @@ class PageIndex:
             plan = Commit(generation=1, live=live_map({r.content_sha256: r.site
                                                        for r in records}))  # fmt: skip
             mark(store, tenant, plan)
-            pipe = self.r.pipeline(transaction=True)
+            pipe = self._redis.pipeline(transaction=True)
             self.generations.publish(pipe, tenant, 1)
             pipe.execute()
 
@@ -292,15 +292,15 @@ class PageIndex:
     def sweepable(self, *, now: float | None = None) -> list[str]:
         """Hashes past their grace period that nothing points at; taken off the graveyard."""
         now = time.time() if now is None else now
-        due = cast(list[str], self.r.zrangebyscore(f"{PREFIX}:graveyard", "-inf", now))
+        due = cast(list[str], self._redis.zrangebyscore(_GRAVEYARD, "-inf", now))
         taken: list[str] = []
         for sha in due:
-            with self.r.pipeline(transaction=True) as pipe:
+            with self._redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(self._refs(sha))  # type: ignore[no-untyped-call]
                     referenced = bool(pipe.scard(self._refs(sha)))
                     pipe.multi()
-                    pipe.zrem(f"{PREFIX}:graveyard", sha)
+                    pipe.zrem(_GRAVEYARD, sha)
                     if not referenced:
                         pipe.delete(self._page(sha))
                     removed = pipe.execute()[0]
@@ -325,7 +325,7 @@ class PageIndex:
         source or date filter only, the matching pages' hashes read in the same MULTI."""
         hashes: list[str] | None = None
         if source_id or published_from or published_to:
-            pipe = self.r.pipeline(transaction=True)
+            pipe = self._redis.pipeline(transaction=True)
             pipe.get(self.generations.key(tenant))
             pipe.hgetall(self._pages(tenant))
             raw_gen, raw_pages = pipe.execute()
@@ -338,7 +338,7 @@ class PageIndex:
         else:
             generation = self.generations.published(tenant)
         if generation is None:
-            if not self.r.hlen(self._pages(tenant)):
+            if not self._redis.hlen(self._pages(tenant)):
                 return None
             with self.generations.locked(tenant):
                 self._recover(tenant, store)

@@ -63,6 +63,8 @@ class IndexContext:
     """The collaborators of a re-index run (built once per worker process)."""
 
     index: PageIndex
+    stored_pages: IndexedPages
+    """The marks of pages known to be stored: a sweep voids those of the pages it deletes."""
     fetcher: ConditionalFetcher
     embedder: Embedder
     store: IndexStore
@@ -283,8 +285,8 @@ def sweep(ctx: IndexContext) -> int:
     taken = ctx.index.sweepable()
     if taken:
         ctx.store.delete_pages(taken)
-        # Research jobs skip pages known to be stored (webctx.jobs.caches): not these any more.
-        IndexedPages.forget_in(ctx.index.r, taken)
+        # Research jobs skip pages known to be stored: not these any more.
+        ctx.stored_pages.forget(taken)
     return len(taken)
 
 

@@ -29,7 +29,7 @@ from webctx.errors import InvalidRequest
 from webctx.jobs.tenants import check_tenant
 from webctx.protocols import ConditionalFetcher
 
-_PREFIX = "webctx:sources"
+_DUE = "webctx:sources:due"
 SourceKind = Literal["auto", "page", "sitemap", "feed"]
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -77,10 +77,10 @@ class SourceRegistry:
     """Add, list and remove sources; claim due runs for exactly one runner."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.r = client
+        self._redis = client
 
     def _key(self, tenant: str) -> str:
-        return f"{_PREFIX}:{tenant}"
+        return f"webctx:sources:{tenant}"
 
     @staticmethod
     def _member(tenant: str, source_id: str) -> str:
@@ -103,15 +103,15 @@ class SourceRegistry:
             last_run_at=previous.last_run_at if previous else None,
             last_report=previous.last_report if previous else {},
         )
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.hset(self._key(tenant), source_id, source.model_dump_json())
-        pipe.zadd(f"{_PREFIX}:due", {self._member(tenant, source_id): time.time()})
+        pipe.zadd(_DUE, {self._member(tenant, source_id): time.time()})
         pipe.execute()
         return source
 
     def get(self, tenant: str, source_id: str) -> Source | None:
         """One source by id."""
-        raw = self.r.hget(self._key(tenant), source_id)
+        raw = self._redis.hget(self._key(tenant), source_id)
         return Source.model_validate_json(cast(str, raw)) if raw else None
 
     def find(self, tenant: str, ref: str) -> Source | None:
@@ -120,7 +120,7 @@ class SourceRegistry:
 
     def list_for(self, tenant: str) -> list[Source]:
         """The tenant's sources, oldest first."""
-        raw = cast(dict[str, str], self.r.hgetall(self._key(tenant)))
+        raw = cast(dict[str, str], self._redis.hgetall(self._key(tenant)))
         sources = [Source.model_validate_json(v) for v in raw.values()]
         return sorted(sources, key=lambda s: (s.created_at, s.url))
 
@@ -129,9 +129,9 @@ class SourceRegistry:
         source = self.find(tenant, ref)
         if source is None:
             return None
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.hdel(self._key(tenant), source.source_id)
-        pipe.zrem(f"{_PREFIX}:due", self._member(tenant, source.source_id))
+        pipe.zrem(_DUE, self._member(tenant, source.source_id))
         pipe.execute()
         return source
 
@@ -140,8 +140,8 @@ class SourceRegistry:
         now = time.time() if now is None else now
         due = cast(
             list[tuple[str, float]],
-            self.r.zrangebyscore(
-                f"{_PREFIX}:due", "-inf", now, start=0, num=limit, withscores=True
+            self._redis.zrangebyscore(
+                _DUE, "-inf", now, start=0, num=limit, withscores=True
             ),  # fmt: skip
         )
         won: list[Source] = []
@@ -149,13 +149,13 @@ class SourceRegistry:
             tenant, _, source_id = member.partition("/")
             source = self.get(tenant, source_id)
             if source is None:
-                self.r.zrem(f"{_PREFIX}:due", member)
+                self._redis.zrem(_DUE, member)
                 continue
-            claim = f"{_PREFIX}:claim:{member}:{due_at:.6f}"
-            if not self.r.set(claim, f"{now:.3f}", nx=True, ex=source.every_s + 3600):
+            claim = f"webctx:sources:claim:{member}:{due_at:.6f}"
+            if not self._redis.set(claim, f"{now:.3f}", nx=True, ex=source.every_s + 3600):
                 continue  # another tick (a second beat, a redelivery) runs this one
             # XX: a source removed meanwhile is not scheduled again.
-            self.r.zadd(f"{_PREFIX}:due", {member: now + source.every_s}, xx=True)
+            self._redis.zadd(_DUE, {member: now + source.every_s}, xx=True)
             won.append(source)
         return won
 
@@ -168,11 +168,11 @@ class SourceRegistry:
         current.last_run_at = time.time()
         current.last_report = {k: float(v) for k, v in report.items()
                                if isinstance(v, int | float)}  # fmt: skip
-        self.r.hset(self._key(source.tenant), source.source_id, current.model_dump_json())
+        self._redis.hset(self._key(source.tenant), source.source_id, current.model_dump_json())
 
     def tenants_sources(self) -> list[Source]:
         """Every scheduled source of every tenant (for operators and tests)."""
-        members = cast(list[str], self.r.zrange(f"{_PREFIX}:due", 0, -1))
+        members = cast(list[str], self._redis.zrange(_DUE, 0, -1))
         found = [self.get(*m.split("/", 1)) for m in members]
         return [s for s in found if s is not None]
 

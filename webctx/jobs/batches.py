@@ -36,8 +36,7 @@ from webctx.errors import BatchConflict, BatchNotFound, InvalidBatch, JobNotFoun
 from webctx.jobs.store import JobStore
 from webctx.models import JobRequest, JobStatus
 
-_PREFIX = "webctx"
-_RUNNING = f"{_PREFIX}:batches:running"
+_RUNNING = "webctx:batches:running"
 _FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 _STAT_NAMES = (
     "pages_downloaded", "pages_reused", "pages_revalidated", "searches_sent", "searches_cached",
@@ -191,13 +190,13 @@ Submit = Callable[[str, JobRequest], None]
 class BatchStore:
     """Batch records in the job store's Redis; jobs themselves stay in the JobStore."""
 
-    def __init__(self, jobs: JobStore) -> None:
+    def __init__(self, client: redis.Redis, jobs: JobStore) -> None:
+        self._redis = client
         self.jobs = jobs
-        self.r: redis.Redis = jobs.r
         self.ttl_s = jobs.ttl_s
 
     def _k(self, batch_id: str, part: str = "") -> str:
-        return f"{_PREFIX}:batch:{batch_id}" + (f":{part}" if part else "")
+        return f"webctx:batch:{batch_id}" + (f":{part}" if part else "")
 
     def _expire(self, pipe: Any, batch_id: str) -> None:
         for part in ("", "items", "inflight", "outcome", "requeue", "stats"):
@@ -210,14 +209,14 @@ class BatchStore:
         Returns (batch id, True if created). BatchConflict if the name holds other items.
         """
         sha = items_sha(items)
-        name_key = f"{_PREFIX}:batchname:{tenant}:{hashlib.sha256(name.encode()).hexdigest()}"
+        name_key = f"webctx:batchname:{tenant}:{hashlib.sha256(name.encode()).hexdigest()}"
         batch_id = uuid.uuid4().hex
-        if not self.r.set(name_key, batch_id, nx=True, ex=self.ttl_s):
-            existing = cast(str, self.r.get(name_key))
-            their_sha = self.r.hget(self._k(existing), "file_sha")
+        if not self._redis.set(name_key, batch_id, nx=True, ex=self.ttl_s):
+            existing = cast(str, self._redis.get(name_key))
+            their_sha = self._redis.hget(self._k(existing), "file_sha")
             if their_sha is None:  # expired record, or its creator is writing it now
                 time.sleep(0.2)
-                their_sha = self.r.hget(self._k(existing), "file_sha")
+                their_sha = self._redis.hget(self._k(existing), "file_sha")
             if their_sha is not None and their_sha != sha:
                 raise BatchConflict(
                     f"batch name {name!r} is already used by batch {existing} with a "
@@ -225,14 +224,14 @@ class BatchStore:
                 )
             if their_sha is not None:
                 return existing, False
-            self.r.set(name_key, batch_id, ex=self.ttl_s)
+            self._redis.set(name_key, batch_id, ex=self.ttl_s)
         self._write(batch_id, tenant, name, sha, items)
         return batch_id, True
 
     def _write(
         self, batch_id: str, tenant: str, name: str, sha: str, items: Sequence[BatchItem]
     ) -> None:
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         for start in range(0, len(items), 1000):
             chunk = {
                 str(i): json.dumps({"id": it.id, "request": it.request.model_dump()})
@@ -253,7 +252,7 @@ class BatchStore:
     # -- reading ------------------------------------------------------------------------
     def meta(self, batch_id: str) -> dict[str, str]:
         """The batch's meta fields, or BatchNotFound."""
-        raw = cast(dict[str, str], self.r.hgetall(self._k(batch_id)))
+        raw = cast(dict[str, str], self._redis.hgetall(self._k(batch_id)))
         if "file_sha" not in raw:
             raise BatchNotFound(batch_id)
         return raw
@@ -264,7 +263,7 @@ class BatchStore:
 
     def item(self, batch_id: str, index: int) -> BatchItem:
         """Item `index` of the batch."""
-        raw = self.r.hget(self._k(batch_id, "items"), str(index))
+        raw = self._redis.hget(self._k(batch_id, "items"), str(index))
         if raw is None:
             raise BatchNotFound(batch_id)
         data = json.loads(cast(str, raw))
@@ -278,7 +277,7 @@ class BatchStore:
         meta = self.meta(batch_id)
         total, done = int(meta["total"]), int(meta["done"])
         failed, cancelled = int(meta["failed"]), int(meta["cancelled"])
-        running = int(self.r.hlen(self._k(batch_id, "inflight")))
+        running = int(self._redis.hlen(self._k(batch_id, "inflight")))
         started = float(meta["started_at"]) if "started_at" in meta else None
         finished_at = float(meta["finished_at"]) if "finished_at" in meta else None
         left = total - done - failed - cancelled
@@ -298,7 +297,7 @@ class BatchStore:
         )  # fmt: skip
 
     def _stats(self, batch_id: str, price_per_1k_tokens: float, *, ranked: int) -> dict[str, Any]:
-        raw = cast(dict[str, str], self.r.hgetall(self._k(batch_id, "stats")))
+        raw = cast(dict[str, str], self._redis.hgetall(self._k(batch_id, "stats")))
         counts = {name: int(raw.get(name, 0)) for name in _STAT_NAMES}
         pages = counts["pages_downloaded"] + counts["pages_reused"] + counts["pages_revalidated"]
         searches = counts["searches_sent"] + counts["searches_cached"]
@@ -328,7 +327,7 @@ class BatchStore:
         total = int(self.meta(batch_id)["total"])
         for start in range(0, total, 500):
             indexes = [str(i) for i in range(start, min(total, start + 500))]
-            outcomes = self.r.hmget(self._k(batch_id, "outcome"), indexes)
+            outcomes = self._redis.hmget(self._k(batch_id, "outcome"), indexes)
             for index, outcome in zip(indexes, outcomes, strict=True):
                 if outcome in ("s", "f"):
                     record = self._result(batch_id, int(index))
@@ -355,20 +354,23 @@ class BatchStore:
         """Settle finished items and start new ones within the limits; returns how many
         started. Safe to call concurrently and repeatedly (one feeder at a time per batch)."""
         lock, token = self._k(batch_id, "lock"), uuid.uuid4().hex
-        if not self.r.set(lock, token, nx=True, px=60_000):
+        if not self._redis.set(lock, token, nx=True, px=60_000):
             return 0  # another feeder is at it; it sees everything this call would
         try:
             now = now if now is not None else time.time()
             meta = self.meta(batch_id)
             self._settle(batch_id, limits, now)
             if meta["state"] != "running":
-                self.r.srem(_RUNNING, batch_id)
+                self._redis.srem(_RUNNING, batch_id)
                 return 0
             slots = self._slots(batch_id, meta["tenant"], limits)
             started = 0
             for index in self._next_items(batch_id, int(meta["total"]), slots):
-                self.r.hset(self._k(batch_id, "inflight"), str(index), f"{now:.3f}")
-                self.r.hsetnx(self._k(batch_id), "started_at", f"{now:.3f}")
+                with self._redis.pipeline() as pipe:
+                    pipe.hset(self._k(batch_id, "inflight"), str(index), f"{now:.3f}")
+                    pipe.hsetnx(self._k(batch_id), "started_at", f"{now:.3f}")
+                    self._expire(pipe, batch_id)
+                    pipe.execute()
                 submit(item_job_id(batch_id, index), self.item(batch_id, index).request)
                 started += 1
             self._maybe_finish(batch_id)
@@ -378,7 +380,7 @@ class BatchStore:
 
     def _release(self, lock: str, token: str) -> None:
         """Delete the lock if it is still ours (WATCH: no Lua, so fakeredis works too)."""
-        with self.r.pipeline() as pipe:
+        with self._redis.pipeline() as pipe:
             try:
                 pipe.watch(lock)  # type: ignore[no-untyped-call]
                 if pipe.get(lock) == token:
@@ -389,16 +391,17 @@ class BatchStore:
                 pass  # it expired and someone else holds it now
 
     def _settle(self, batch_id: str, limits: FeedLimits, now: float) -> None:
-        inflight = cast(dict[str, str], self.r.hgetall(self._k(batch_id, "inflight")))
+        inflight = cast(dict[str, str], self._redis.hgetall(self._k(batch_id, "inflight")))
         for index, fed_at in inflight.items():
             job_id = item_job_id(batch_id, int(index))
             try:
                 status = self.jobs.status(job_id)
             except JobNotFound:
                 if now - float(fed_at) > limits.grace_s:  # its feeder died, or Redis lost it
-                    pipe = self.r.pipeline()
+                    pipe = self._redis.pipeline()
                     pipe.hdel(self._k(batch_id, "inflight"), index)
                     pipe.sadd(self._k(batch_id, "requeue"), index)
+                    self._expire(pipe, batch_id)
                     pipe.execute()
                 continue
             if status.value not in _FINISHED:
@@ -414,9 +417,9 @@ class BatchStore:
     def _record_outcome(self, batch_id: str, index: int, status: JobStatus) -> None:
         outcome = {"succeeded": "s", "failed": "f", "cancelled": "c"}[status.value]
         job_id = item_job_id(batch_id, index)
-        if self.r.hsetnx(self._k(batch_id, "outcome"), str(index), outcome):
+        if self._redis.hsetnx(self._k(batch_id, "outcome"), str(index), outcome):
             counter = {"s": "done", "f": "failed", "c": "cancelled"}[outcome]
-            pipe = self.r.pipeline()
+            pipe = self._redis.pipeline()
             pipe.hincrby(self._k(batch_id), counter, 1)
             stats = self._k(batch_id, "stats")
             counters = self.jobs.counters(job_id)
@@ -426,26 +429,27 @@ class BatchStore:
             for failure in self.jobs.failures(job_id):
                 pipe.hincrby(stats, f"reason:{failure.reason}", 1)
             if outcome == "f":
-                error = cast("str | None", self.r.hget(f"{_PREFIX}:job:{job_id}:meta", "error"))
+                error = self.jobs.error(job_id)
                 pipe.hincrby(stats, f"stage:{error_stage(status, error)}", 1)
+            self._expire(pipe, batch_id)  # the parts written since creation expire too
             pipe.execute()
-        self.r.hdel(self._k(batch_id, "inflight"), str(index))
+        self._redis.hdel(self._k(batch_id, "inflight"), str(index))
 
     def _slots(self, batch_id: str, tenant: str, limits: FeedLimits) -> int:
         """Free slots: the batch's own cap, its tenant's fair share, the global cap."""
         per_tenant: dict[str, int] = {}
         total = 0
-        for other in cast(set[str], self.r.smembers(_RUNNING)):
-            owner = cast("str | None", self.r.hget(self._k(other), "tenant"))
+        for other in cast(set[str], self._redis.smembers(_RUNNING)):
+            owner = cast("str | None", self._redis.hget(self._k(other), "tenant"))
             if owner is None:
-                self.r.srem(_RUNNING, other)
+                self._redis.srem(_RUNNING, other)
                 continue
-            count = int(self.r.hlen(self._k(other, "inflight")))
+            count = int(self._redis.hlen(self._k(other, "inflight")))
             per_tenant[owner] = per_tenant.get(owner, 0) + count
             total += count
         per_tenant.setdefault(tenant, 0)
         share = max(1, limits.max_inflight // len(per_tenant))
-        mine = int(self.r.hlen(self._k(batch_id, "inflight")))
+        mine = int(self._redis.hlen(self._k(batch_id, "inflight")))
         return max(
             0,
             min(
@@ -457,13 +461,13 @@ class BatchStore:
 
     def _next_items(self, batch_id: str, total: int, slots: int) -> Iterator[int]:
         for _ in range(slots):
-            again = self.r.spop(self._k(batch_id, "requeue"))
+            again = self._redis.spop(self._k(batch_id, "requeue"))
             if again is not None:
                 yield int(cast(str, again))
                 continue
-            index = int(self.r.hincrby(self._k(batch_id), "cursor", 1)) - 1
+            index = int(self._redis.hincrby(self._k(batch_id), "cursor", 1)) - 1
             if index >= total:
-                self.r.hincrby(self._k(batch_id), "cursor", -1)
+                self._redis.hincrby(self._k(batch_id), "cursor", -1)
                 return
             yield index
 
@@ -471,7 +475,7 @@ class BatchStore:
         meta = self.meta(batch_id)
         ended = int(meta["done"]) + int(meta["failed"]) + int(meta["cancelled"])
         if meta["state"] == "running" and ended >= int(meta["total"]):
-            pipe = self.r.pipeline()
+            pipe = self._redis.pipeline()
             pipe.hset(self._k(batch_id), mapping={"state": "finished",
                                                   "finished_at": f"{time.time():.3f}"})  # fmt: skip
             pipe.srem(_RUNNING, batch_id)
@@ -482,23 +486,23 @@ class BatchStore:
         meta = self.meta(batch_id)
         if meta["state"] != "running":
             return
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.hset(self._k(batch_id), mapping={"state": "cancelled",
                                               "finished_at": f"{time.time():.3f}"})  # fmt: skip
         pipe.srem(_RUNNING, batch_id)
         pipe.execute()
-        for index in cast(list[str], self.r.hkeys(self._k(batch_id, "inflight"))):
+        for index in cast(list[str], self._redis.hkeys(self._k(batch_id, "inflight"))):
             job_id = item_job_id(batch_id, int(index))
             self.jobs.set_status(job_id, JobStatus.CANCELLED, error="batch cancelled")
-        cursor = int(self.r.hget(self._k(batch_id), "cursor") or 0)
+        cursor = int(self._redis.hget(self._k(batch_id), "cursor") or 0)
         never_started = (
-            int(meta["total"]) - cursor + int(self.r.scard(self._k(batch_id, "requeue")))
+            int(meta["total"]) - cursor + int(self._redis.scard(self._k(batch_id, "requeue")))
         )
-        self.r.hincrby(self._k(batch_id), "cancelled", never_started)
+        self._redis.hincrby(self._k(batch_id), "cancelled", never_started)
 
     def running_batches(self) -> list[str]:
         """Ids of batches still feeding."""
-        return sorted(cast(set[str], self.r.smembers(_RUNNING)))
+        return sorted(cast(set[str], self._redis.smembers(_RUNNING)))
 
     def claim_tick(self, batch_id: str, *, every_s: float) -> bool:
         """True at most once per `every_s`: whoever gets it schedules the next tick.
@@ -508,7 +512,7 @@ class BatchStore:
         found the claim lapsed) dies at its first failed claim.
         """
         key = self._k(batch_id, "tick")
-        return bool(self.r.set(key, "1", nx=True, px=max(1, int(every_s * 800))))
+        return bool(self._redis.set(key, "1", nx=True, px=max(1, int(every_s * 800))))
 
 
 def error_stage(status: JobStatus, error: str | None) -> str:

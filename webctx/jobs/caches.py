@@ -30,7 +30,6 @@ import redis
 from webctx.models import Page, SearchResult
 from webctx.stages.search import normalize_url
 
-_PREFIX = "webctx"
 FAILURE_TTL_S = 600
 """A failed download is remembered this long at most (a dead URL is retried after it)."""
 REVALIDATE_WINDOWS = 7
@@ -64,17 +63,17 @@ class PageCache:
     """Normalised URL -> content hash of the page last fetched from it, fresh for `ttl_s`."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: int) -> None:
-        self.r = client
+        self._redis = client
         self.ttl_s = ttl_s
 
     def _key(self, url: str) -> str:
-        return f"{_PREFIX}:urlcache:{_digest(normalize_url(url))}"
+        return f"webctx:urlcache:{_digest(normalize_url(url))}"
 
     def fresh_sha(self, url: str, *, now: float | None = None) -> str | None:
         """The content hash of a page fetched from `url` within the window, or None."""
         if self.ttl_s <= 0:
             return None
-        raw = cast(dict[str, str], self.r.hgetall(self._key(url)))
+        raw = cast(dict[str, str], self._redis.hgetall(self._key(url)))
         if not raw or "sha" not in raw:
             return None
         age = (now if now is not None else time.time()) - float(raw.get("fetched_at", "0"))
@@ -89,7 +88,7 @@ class PageCache:
         """The last page of `url` (past its window) if it came with a validator, or None."""
         if self.ttl_s <= 0:
             return None
-        raw = cast(dict[str, str], self.r.hgetall(self._key(url)))
+        raw = cast(dict[str, str], self._redis.hgetall(self._key(url)))
         if "sha" not in raw or not (raw.get("etag") or raw.get("last_modified")):
             return None
         return StaleEntry(raw["sha"], raw.get("etag") or None, raw.get("last_modified") or None)
@@ -98,7 +97,7 @@ class PageCache:
         """Why the download of `url` failed within the failure window, or None."""
         if self.ttl_s <= 0:
             return None
-        raw = cast(dict[str, str], self.r.hgetall(self._failure_key(url)))
+        raw = cast(dict[str, str], self._redis.hgetall(self._failure_key(url)))
         if not raw:
             return None
         return RememberedFailure(raw["stage"], raw["reason"], raw["error"])
@@ -110,7 +109,7 @@ class PageCache:
         key = self._failure_key(url)
         fields: dict[Any, Any] = {"stage": failure.stage, "reason": failure.reason,
                                   "error": failure.error[:500]}  # fmt: skip
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.hset(key, mapping=fields)
         pipe.expire(key, min(self.ttl_s, FAILURE_TTL_S))
         pipe.execute()
@@ -118,27 +117,27 @@ class PageCache:
     def claim_download(self, url: str, *, hold_s: float) -> bool:
         """True if this caller is to download `url` (no one else is, for `hold_s` at most)."""
         key = self._flight_key(url)
-        return bool(self.r.set(key, "1", nx=True, px=max(1, int(hold_s * 1000))))
+        return bool(self._redis.set(key, "1", nx=True, px=max(1, int(hold_s * 1000))))
 
     def release_download(self, url: str) -> None:
         """End this caller's claim (after `remember` or `remember_failure`)."""
-        self.r.delete(self._flight_key(url))
+        self._redis.delete(self._flight_key(url))
 
     def wait_download(self, url: str, *, timeout_s: float, poll_s: float = 0.1) -> bool:
         """Wait until no one is downloading `url`; False if the claim outlived `timeout_s`."""
         key = self._flight_key(url)
         deadline = time.monotonic() + timeout_s
-        while self.r.exists(key):
+        while self._redis.exists(key):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll_s)
         return True
 
     def _flight_key(self, url: str) -> str:
-        return f"{_PREFIX}:urlflight:{_digest(normalize_url(url))}"
+        return f"webctx:urlflight:{_digest(normalize_url(url))}"
 
     def _failure_key(self, url: str) -> str:
-        return f"{_PREFIX}:urlfail:{_digest(normalize_url(url))}"
+        return f"webctx:urlfail:{_digest(normalize_url(url))}"
 
     def remember(self, url: str, page: Page) -> None:
         """Record that `page` was just downloaded from `url` (and from its final URL)."""
@@ -150,7 +149,7 @@ class PageCache:
             "etag": page.etag or "",
             "last_modified": page.last_modified or "",
         }
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         for link in {url, page.final_url}:
             key = self._key(link)
             pipe.delete(key, self._failure_key(link))  # a remembered failure goes too
@@ -163,19 +162,19 @@ class SearchCache:
     """(provider, limit, query) -> results, for `ttl_s`: a query is sent once per window."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: int, provider: str) -> None:
-        self.r = client
+        self._redis = client
         self.ttl_s = ttl_s
         self.provider = provider
 
     def _key(self, query: str, limit: int) -> str:
         normal = " ".join(query.split()).casefold()
-        return f"{_PREFIX}:searchcache:{_digest(self.provider, str(limit), normal)}"
+        return f"webctx:searchcache:{_digest(self.provider, str(limit), normal)}"
 
     def get(self, query: str, *, limit: int) -> list[SearchResult] | None:
         """The cached results of the query, or None."""
         if self.ttl_s <= 0:
             return None
-        raw = self.r.get(self._key(query, limit))
+        raw = self._redis.get(self._key(query, limit))
         if raw is None:
             return None
         return [SearchResult.model_validate(item) for item in json.loads(cast(str, raw))]
@@ -185,7 +184,7 @@ class SearchCache:
         if self.ttl_s <= 0 or not results:
             return
         payload = json.dumps([r.model_dump() for r in results])
-        self.r.set(self._key(query, limit), payload, ex=self.ttl_s)
+        self._redis.set(self._key(query, limit), payload, ex=self.ttl_s)
 
 
 class IndexedPages:
@@ -198,20 +197,20 @@ class IndexedPages:
     a new epoch, and marks of an older epoch count as unknown."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: int, scope: Sequence[str]) -> None:
-        self.r = client
+        self._redis = client
         self.ttl_s = ttl_s
         self.scope = _digest(*scope)[:16]
-        self._epoch_key = f"{_PREFIX}:indexed-epoch:{self.scope}"
+        self._epoch_key = f"webctx:indexed-epoch:{self.scope}"
 
     @staticmethod
     def _key(content_sha256: str) -> str:
-        return f"{_PREFIX}:indexed:{content_sha256}"
+        return f"webctx:indexed:{content_sha256}"
 
     def chunks(self, content_sha256: str) -> int | None:
         """How many chunks of the page are stored, or None if it is not known to be."""
         if self.ttl_s <= 0:
             return None
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self._redis.pipeline(transaction=False)
         pipe.get(self._epoch_key)
         pipe.hget(self._key(content_sha256), self.scope)
         epoch, raw = pipe.execute()
@@ -223,23 +222,18 @@ class IndexedPages:
     def mark(self, content_sha256: str, chunks: int) -> None:
         """Record that all `chunks` chunks of the page are stored (in the current epoch)."""
         if self.ttl_s > 0:
-            epoch = cast(str | None, self.r.get(self._epoch_key)) or "0"
+            epoch = cast(str | None, self._redis.get(self._epoch_key)) or "0"
             key = self._key(content_sha256)
-            pipe = self.r.pipeline()
+            pipe = self._redis.pipeline()
             pipe.hset(key, self.scope, f"{chunks}@{epoch}")
             pipe.expire(key, self.ttl_s)
             pipe.execute()
 
     def forget_store(self) -> None:
         """Forget every page marked in this scope: its store no longer holds them."""
-        self.r.incr(self._epoch_key)  # no TTL: it must outlive the marks it voids
+        self._redis.incr(self._epoch_key)  # no TTL: it must outlive the marks it voids
 
     def forget(self, content_sha256s: Sequence[str]) -> None:
         """Drop what is known of pages whose points were deleted (in every scope)."""
-        self.forget_in(self.r, content_sha256s)
-
-    @classmethod
-    def forget_in(cls, client: redis.Redis, content_sha256s: Sequence[str]) -> None:
-        """`forget` for a caller without a scope (the index's sweep)."""
         if content_sha256s:
-            client.delete(*(cls._key(sha) for sha in content_sha256s))
+            self._redis.delete(*(self._key(sha) for sha in content_sha256s))

@@ -24,7 +24,6 @@ import redis
 
 from webctx.models import Chunk, Page
 
-_PREFIX = "webctx:staged"
 STAGING_TTL_S = 24 * 3600
 
 
@@ -63,12 +62,12 @@ class ChunkStaging:
     """Staged pages in Redis; needs a client with `decode_responses=False`."""
 
     def __init__(self, client: redis.Redis, *, scope: str, ttl_s: int = STAGING_TTL_S) -> None:
-        self.r = client
+        self._redis = client
         self.scope = scope
         self.ttl_s = ttl_s
 
     def _key(self, content_sha256: str) -> str:
-        return f"{_PREFIX}:{self.scope}:{content_sha256}"
+        return f"webctx:staged:{self.scope}:{content_sha256}"
 
     def put(self, chunks: Sequence[Chunk], vectors: Sequence[Sequence[float]]) -> None:
         """Stage a page's chunks (all of one page) and their vectors, atomically."""
@@ -87,7 +86,7 @@ class ChunkStaging:
             raise ValueError("vectors must all have the same dimension")
         spans = [[c.start, c.end, c.tokens] for c in chunks]
         key = self._key(shas.pop())
-        with self.r.pipeline(transaction=True) as pipe:
+        with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)
             pipe.hset(key, mapping={"spans": json.dumps(spans), "dim": str(matrix.shape[1]),
                                     "vectors": matrix.tobytes()})  # fmt: skip
@@ -96,7 +95,7 @@ class ChunkStaging:
 
     def get(self, content_sha256: str) -> StagedPage | None:
         """The staged page, or None when there is none (or it is unreadable)."""
-        raw = self.r.hmget(self._key(content_sha256), ["spans", "dim", "vectors"])
+        raw = self._redis.hmget(self._key(content_sha256), ["spans", "dim", "vectors"])
         spans_raw, dim_raw, blob = raw
         if not (spans_raw and dim_raw and isinstance(blob, bytes)):
             return None
@@ -109,4 +108,4 @@ class ChunkStaging:
 
     def drop(self, content_sha256: str) -> None:
         """Forget a staged page (its points are written)."""
-        self.r.delete(self._key(content_sha256))
+        self._redis.delete(self._key(content_sha256))

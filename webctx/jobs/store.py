@@ -22,7 +22,6 @@ from webctx.errors import JobNotFound
 from webctx.models import Bundle, Failure, JobRequest, JobStatus, Page, SearchResult
 
 Step = Literal["search", "fetch", "embed"]
-_PREFIX = "webctx"
 
 
 def url_id_for(url: str) -> str:
@@ -71,7 +70,7 @@ class JobStore:
         ttl_s: int = 7 * 24 * 3600,
         observers: Sequence[JobObserver] = (),
     ) -> None:
-        self.r = client
+        self._redis = client
         self.ttl_s = ttl_s
         self.observers = tuple(observers)
 
@@ -82,12 +81,20 @@ class JobStore:
             except Exception:  # an observer never breaks job state
                 pass
 
+    def ping(self) -> bool:
+        """True if the state Redis answers (readiness probes)."""
+        return bool(self._redis.ping())
+
+    def close(self) -> None:
+        """Close the connection pool (the process is done with the state Redis)."""
+        self._redis.close()
+
     # -- keys -------------------------------------------------------------------------------
     def _k(self, job_id: str, part: str) -> str:
-        return f"{_PREFIX}:job:{job_id}:{part}"
+        return f"webctx:job:{job_id}:{part}"
 
     def _page_key(self, content_sha256: str) -> str:
-        return f"{_PREFIX}:page:{content_sha256}"
+        return f"webctx:page:{content_sha256}"
 
     def _expire(self, pipe: Any, *keys: str) -> None:
         for key in keys:
@@ -105,7 +112,7 @@ class JobStore:
         """Record a new queued job (owned by `tenant`, part of `batch`, if given); its id."""
         job_id = job_id or uuid.uuid4().hex
         meta = self._k(job_id, "meta")
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         fields: dict[Any, Any] = {
             "request": request.model_dump_json(),
             "status": JobStatus.QUEUED.value,
@@ -124,14 +131,14 @@ class JobStore:
     def tenant(self, job_id: str) -> str | None:
         """The tenant owning the job (None for jobs submitted without one), or JobNotFound."""
         meta = self._k(job_id, "meta")
-        owner, status = self.r.hmget(meta, ["tenant", "status"])
+        owner, status = self._redis.hmget(meta, ["tenant", "status"])
         if status is None:
             raise JobNotFound(job_id)
         return cast("str | None", owner)
 
     def batch_of(self, job_id: str) -> str | None:
         """The batch the job is an item of (None for interactive jobs)."""
-        return cast("str | None", self.r.hget(self._k(job_id, "meta"), "batch"))
+        return cast("str | None", self._redis.hget(self._k(job_id, "meta"), "batch"))
 
     def claim_idempotency_key(self, tenant: str, key: str, job_id: str) -> str:
         """Bind a client's Idempotency-Key to `job_id` (SET NX); returns the job it names.
@@ -140,31 +147,31 @@ class JobStore:
         for as long as the jobs live. Keys are per tenant, hashed so any string is safe.
         """
         digest = hashlib.sha256(key.encode()).hexdigest()
-        name = f"{_PREFIX}:idem:{tenant}:{digest}"
-        if self.r.set(name, job_id, nx=True, ex=self.ttl_s):
+        name = f"webctx:idem:{tenant}:{digest}"
+        if self._redis.set(name, job_id, nx=True, ex=self.ttl_s):
             return job_id
-        existing = self.r.get(name)
+        existing = self._redis.get(name)
         return cast(str, existing) if existing else job_id
 
     def tenant_page(self, tenant: str, ref: str) -> Page | None:
         """A page one of the tenant's jobs fetched, by content hash or by URL."""
-        sha = self.r.hget(f"{_PREFIX}:tenant:{tenant}:pages", ref)
+        sha = self._redis.hget(f"webctx:tenant:{tenant}:pages", ref)
         return self.page(cast(str, sha)) if sha else None
 
     def exists(self, job_id: str) -> bool:
         """True if the job is known (and not expired)."""
-        return bool(self.r.exists(self._k(job_id, "meta")))
+        return bool(self._redis.exists(self._k(job_id, "meta")))
 
     def request(self, job_id: str) -> JobRequest:
         """The job's request, or JobNotFound."""
-        raw = self.r.hget(self._k(job_id, "meta"), "request")
+        raw = self._redis.hget(self._k(job_id, "meta"), "request")
         if raw is None:
             raise JobNotFound(job_id)
         return JobRequest.model_validate_json(cast(str, raw))
 
     def status(self, job_id: str) -> JobStatus:
         """The job's lifecycle state, or JobNotFound."""
-        raw = self.r.hget(self._k(job_id, "meta"), "status")
+        raw = self._redis.hget(self._k(job_id, "meta"), "status")
         if raw is None:
             raise JobNotFound(job_id)
         return JobStatus(cast(str, raw))
@@ -172,7 +179,7 @@ class JobStore:
     def set_status(self, job_id: str, status: JobStatus, *, error: str | None = None) -> None:
         """Move the job to `status`; a finished job never moves again."""
         meta = self._k(job_id, "meta")
-        current = self.r.hget(meta, "status")
+        current = self._redis.hget(meta, "status")
         if current in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             return
         mapping: dict[Any, Any] = {"status": status.value}
@@ -180,37 +187,41 @@ class JobStore:
             mapping["error"] = error
         if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             mapping["finished_at"] = f"{time.time():.3f}"
-        self.r.hset(meta, mapping=mapping)
+        self._redis.hset(meta, mapping=mapping)
         if current != status.value:
             self._emit("status", job_id, {"status": status.value})
 
+    def error(self, job_id: str) -> str | None:
+        """Why the job failed (or was cancelled), if it says."""
+        return cast("str | None", self._redis.hget(self._k(job_id, "meta"), "error"))
+
     def is_active(self, job_id: str) -> bool:
         """False once the job finished, was cancelled, or expired: tasks then do nothing."""
-        raw = self.r.hget(self._k(job_id, "meta"), "status")
+        raw = self._redis.hget(self._k(job_id, "meta"), "status")
         return raw in (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
     # -- plan and search --------------------------------------------------------------------
     def set_queries(self, job_id: str, queries: Sequence[str]) -> None:
         """Record the planned search queries."""
-        self.r.hset(self._k(job_id, "meta"), "queries", json.dumps(list(queries)))
+        self._redis.hset(self._k(job_id, "meta"), "queries", json.dumps(list(queries)))
 
     def queries(self, job_id: str) -> list[str]:
         """The planned search queries (empty before planning)."""
-        raw = self.r.hget(self._k(job_id, "meta"), "queries")
+        raw = self._redis.hget(self._k(job_id, "meta"), "queries")
         return list(json.loads(cast(str, raw))) if raw else []
 
     def save_search(self, job_id: str, query_idx: int, results: Sequence[SearchResult]) -> None:
         """Store one query's results (idempotent: a rerun overwrites)."""
         key = self._k(job_id, "search")
         payload = json.dumps([r.model_dump() for r in results])
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.hset(key, str(query_idx), payload)
         self._expire(pipe, key)
         pipe.execute()
 
     def search_results(self, job_id: str) -> list[list[SearchResult]]:
         """Every stored query's results, in query order."""
-        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "search")))
+        raw = cast(dict[str, str], self._redis.hgetall(self._k(job_id, "search")))
         return [
             [SearchResult.model_validate(item) for item in json.loads(raw[idx])]
             for idx in sorted(raw, key=int)
@@ -221,7 +232,7 @@ class JobStore:
         """Record the URLs chosen for fetching; returns url_id -> url."""
         mapping = {url_id_for(u): u for u in urls}
         key = self._k(job_id, "urls")
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.delete(key)
         if mapping:
             pipe.hset(key, mapping=cast(dict[Any, Any], mapping))
@@ -231,11 +242,11 @@ class JobStore:
 
     def urls(self, job_id: str) -> dict[str, str]:
         """url_id -> url of the job's chosen sources."""
-        return cast(dict[str, str], self.r.hgetall(self._k(job_id, "urls")))
+        return cast(dict[str, str], self._redis.hgetall(self._k(job_id, "urls")))
 
     def url(self, job_id: str, url_id: str) -> str:
         """One chosen URL by id."""
-        raw = self.r.hget(self._k(job_id, "urls"), url_id)
+        raw = self._redis.hget(self._k(job_id, "urls"), url_id)
         if raw is None:
             raise JobNotFound(job_id)
         return cast(str, raw)
@@ -244,15 +255,15 @@ class JobStore:
         """Store a page under its content hash and link it to the job; returns the hash."""
         page_key = self._page_key(page.content_sha256)
         link = self._k(job_id, "pages")
-        tenant = cast("str | None", self.r.hget(self._k(job_id, "meta"), "tenant"))
-        pipe = self.r.pipeline()
+        tenant = cast("str | None", self._redis.hget(self._k(job_id, "meta"), "tenant"))
+        pipe = self._redis.pipeline()
         pipe.set(page_key, page.model_dump_json(), ex=self.ttl_s)
         pipe.hset(link, url_id, page.content_sha256)
         self._expire(pipe, link)
         if tenant:
             # The tenant's own index of pages (by hash and URL): get_source never sees
             # a page that only another tenant's jobs fetched.
-            owned = f"{_PREFIX}:tenant:{tenant}:pages"
+            owned = f"webctx:tenant:{tenant}:pages"
             refs = {page.content_sha256, page.url, page.final_url}
             pipe.hset(owned, mapping=dict.fromkeys(refs, page.content_sha256))
             self._expire(pipe, owned)
@@ -262,18 +273,18 @@ class JobStore:
 
     def page(self, content_sha256: str) -> Page | None:
         """A stored page by content hash."""
-        raw = self.r.get(self._page_key(content_sha256))
+        raw = self._redis.get(self._page_key(content_sha256))
         return Page.model_validate_json(cast(str, raw)) if raw else None
 
     def page_for(self, job_id: str, url_id: str) -> Page | None:
         """The page fetched for one of the job's URLs."""
-        sha = self.r.hget(self._k(job_id, "pages"), url_id)
+        sha = self._redis.hget(self._k(job_id, "pages"), url_id)
         return self.page(cast(str, sha)) if sha else None
 
     def pages(self, job_id: str) -> dict[str, Page]:
         """content_sha256 -> Page for every page of the job that is still embedded-ready."""
-        links = cast(dict[str, str], self.r.hgetall(self._k(job_id, "pages")))
-        failed = set(cast(list[str], self.r.hkeys(self._k(job_id, "failures"))))
+        links = cast(dict[str, str], self._redis.hgetall(self._k(job_id, "pages")))
+        failed = set(cast(list[str], self._redis.hkeys(self._k(job_id, "failures"))))
         out: dict[str, Page] = {}
         for url_id, sha in links.items():
             if url_id in failed:
@@ -287,7 +298,7 @@ class JobStore:
     def add_failure(self, job_id: str, key: str, failure: Failure) -> None:
         """Record why a source (or query) failed; one record per key."""
         name = self._k(job_id, "failures")
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.hset(name, key, failure.model_dump_json())
         self._expire(pipe, name)
         pipe.execute()
@@ -295,13 +306,13 @@ class JobStore:
 
     def failures(self, job_id: str) -> list[Failure]:
         """Every recorded failure."""
-        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "failures")))
+        raw = cast(dict[str, str], self._redis.hgetall(self._k(job_id, "failures")))
         return [Failure.model_validate_json(v) for _, v in sorted(raw.items())]
 
     def add_counts(self, job_id: str, **deltas: int) -> None:
         """Increment named counters (requests, tokens, chunks...)."""
         key = self._k(job_id, "counters")
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         for name, delta in deltas.items():
             pipe.hincrby(key, name, delta)
         self._expire(pipe, key)
@@ -311,12 +322,12 @@ class JobStore:
     def set_count(self, job_id: str, name: str, value: int) -> None:
         """Set a counter outright (for facts a redelivered task may record twice)."""
         key = self._k(job_id, "counters")
-        self.r.hset(key, name, value)
-        self.r.expire(key, self.ttl_s)
+        self._redis.hset(key, name, value)
+        self._redis.expire(key, self.ttl_s)
 
     def counters(self, job_id: str) -> dict[str, int]:
         """All counters of the job."""
-        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "counters")))
+        raw = cast(dict[str, str], self._redis.hgetall(self._k(job_id, "counters")))
         return {k: int(v) for k, v in raw.items()}
 
     # -- stage timing -----------------------------------------------------------------------
@@ -325,14 +336,14 @@ class JobStore:
         key = self._k(job_id, "times")
         now = f"{time.time():.3f}"
         if start:
-            self.r.hsetnx(key, f"{stage}:start", now)
+            self._redis.hsetnx(key, f"{stage}:start", now)
         else:
-            self.r.hset(key, f"{stage}:end", now)
-        self.r.expire(key, self.ttl_s)
+            self._redis.hset(key, f"{stage}:end", now)
+        self._redis.expire(key, self.ttl_s)
 
     def stage_seconds(self, job_id: str) -> dict[str, float]:
         """Wall time of each stage, from its first start to its last end."""
-        raw = cast(dict[str, str], self.r.hgetall(self._k(job_id, "times")))
+        raw = cast(dict[str, str], self._redis.hgetall(self._k(job_id, "times")))
         out: dict[str, float] = {}
         for key, value in raw.items():
             stage, _, edge = key.partition(":")
@@ -342,8 +353,13 @@ class JobStore:
 
     def created_at(self, job_id: str) -> float:
         """Submission time as a UNIX timestamp."""
-        raw = self.r.hget(self._k(job_id, "meta"), "created_at")
+        raw = self._redis.hget(self._k(job_id, "meta"), "created_at")
         return float(cast(str, raw)) if raw else time.time()
+
+    def finished_at(self, job_id: str) -> float | None:
+        """When the job finished (succeeded, failed or was cancelled), or None."""
+        raw = self._redis.hget(self._k(job_id, "meta"), "finished_at")
+        return float(cast(str, raw)) if raw else None
 
     # -- fan-out bookkeeping ----------------------------------------------------------------
     def complete(self, job_id: str, step: Step, item: str, *, total: int) -> bool:
@@ -354,7 +370,7 @@ class JobStore:
         starter died): starting twice is harmless because every task is idempotent.
         """
         done = self._k(job_id, f"done:{step}")
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self._redis.pipeline(transaction=True)
         pipe.sadd(done, item)
         pipe.scard(done)
         pipe.hget(self._k(job_id, "meta"), f"next:{step}")
@@ -366,15 +382,15 @@ class JobStore:
 
     def mark_next_started(self, job_id: str, step: Step) -> None:
         """Record that the stage after `step` was enqueued."""
-        self.r.hset(self._k(job_id, "meta"), f"next:{step}", "1")
+        self._redis.hset(self._k(job_id, "meta"), f"next:{step}", "1")
 
     def is_done(self, job_id: str, step: Step, item: str) -> bool:
         """True if `item` of `step` has been completed already (a redelivered task)."""
-        return bool(self.r.sismember(self._k(job_id, f"done:{step}"), item))
+        return bool(self._redis.sismember(self._k(job_id, f"done:{step}"), item))
 
     def done_count(self, job_id: str, step: Step) -> int:
         """How many items of `step` are complete."""
-        return int(self.r.scard(self._k(job_id, f"done:{step}")))
+        return int(self._redis.scard(self._k(job_id, f"done:{step}")))
 
     # -- deliveries that died with their worker (TRAPS 1) -----------------------------------
     def start_delivery(self, job_id: str, task: str, item: str) -> int:
@@ -384,29 +400,29 @@ class JobStore:
         counts only deliveries whose worker died mid-task (SIGKILL, OOM, segfault).
         """
         key = self._k(job_id, "deliveries")
-        pipe = self.r.pipeline()
+        pipe = self._redis.pipeline()
         pipe.hincrby(key, f"{task}:{item}", 1)
         self._expire(pipe, key)
         return int(pipe.execute()[0])
 
     def end_delivery(self, job_id: str, task: str, item: str) -> None:
         """The delivery of (task, item) finished in this process: clear its count."""
-        self.r.hdel(self._k(job_id, "deliveries"), f"{task}:{item}")
+        self._redis.hdel(self._k(job_id, "deliveries"), f"{task}:{item}")
 
     # -- bundle and progress ----------------------------------------------------------------
     def save_bundle(self, job_id: str, bundle: Bundle) -> bool:
         """Store the bundle once; False if one was stored already."""
         key = self._k(job_id, "bundle")
-        return bool(self.r.set(key, bundle.model_dump_json(), nx=True, ex=self.ttl_s))
+        return bool(self._redis.set(key, bundle.model_dump_json(), nx=True, ex=self.ttl_s))
 
     def bundle(self, job_id: str) -> Bundle | None:
         """The job's bundle, once it has one."""
-        raw = self.r.get(self._k(job_id, "bundle"))
+        raw = self._redis.get(self._k(job_id, "bundle"))
         return Bundle.model_validate_json(cast(str, raw)) if raw else None
 
     def progress(self, job_id: str) -> JobProgress:
         """A consistent-enough snapshot for display."""
-        meta = cast(dict[str, str], self.r.hgetall(self._k(job_id, "meta")))
+        meta = cast(dict[str, str], self._redis.hgetall(self._k(job_id, "meta")))
         if "status" not in meta:  # unknown, or a stray write after Redis came back empty
             raise JobNotFound(job_id)
         return JobProgress(
@@ -415,9 +431,9 @@ class JobStore:
             error=meta.get("error"),
             queries=len(json.loads(meta["queries"])) if "queries" in meta else 0,
             searched=self.done_count(job_id, "search"),
-            urls=int(self.r.hlen(self._k(job_id, "urls"))),
-            fetched=int(self.r.hlen(self._k(job_id, "pages"))),
-            failed=int(self.r.hlen(self._k(job_id, "failures"))),
+            urls=int(self._redis.hlen(self._k(job_id, "urls"))),
+            fetched=int(self._redis.hlen(self._k(job_id, "pages"))),
+            failed=int(self._redis.hlen(self._k(job_id, "failures"))),
             embedded=self.done_count(job_id, "embed"),
             counters=self.counters(job_id),
         )

@@ -23,7 +23,6 @@ import redis
 
 from webctx.errors import InvalidTenant
 
-_PREFIX = "webctx"
 KEY_PREFIX = "wctx_"
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -64,7 +63,7 @@ class TenantStore:
     """Create, resolve and revoke API keys; count requests per key."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.r = client
+        self._redis = client
 
     def create_key(self, tenant: str, *, rate_limit: int | None = None) -> tuple[str, ApiKey]:
         """A new key for `tenant`: (the key, shown once; its stored record)."""
@@ -81,9 +80,9 @@ class TenantStore:
         }
         if rate_limit is not None:
             fields["rate_limit"] = str(rate_limit)
-        pipe = self.r.pipeline()
-        pipe.hset(f"{_PREFIX}:apikey:{digest}", mapping=fields)
-        pipe.set(f"{_PREFIX}:apikey-id:{record.key_id}", digest)
+        pipe = self._redis.pipeline()
+        pipe.hset(f"webctx:apikey:{digest}", mapping=fields)
+        pipe.set(f"webctx:apikey-id:{record.key_id}", digest)
         pipe.execute()
         return key, record
 
@@ -91,7 +90,7 @@ class TenantStore:
         """The record of a live key, or None for an unknown or revoked one."""
         if not key.startswith(KEY_PREFIX) or len(key) > 200:
             return None
-        raw = cast(dict[str, str], self.r.hgetall(f"{_PREFIX}:apikey:{hash_key(key)}"))
+        raw = cast(dict[str, str], self._redis.hgetall(f"webctx:apikey:{hash_key(key)}"))
         if not raw:
             return None
         limit = raw.get("rate_limit")
@@ -107,12 +106,12 @@ class TenantStore:
         if key_or_id.startswith(KEY_PREFIX):
             digest: str | None = hash_key(key_or_id)
         else:
-            digest = cast("str | None", self.r.get(f"{_PREFIX}:apikey-id:{key_or_id}"))
+            digest = cast("str | None", self._redis.get(f"webctx:apikey-id:{key_or_id}"))
         if not digest:
             return False
-        pipe = self.r.pipeline()
-        pipe.delete(f"{_PREFIX}:apikey:{digest}")
-        pipe.delete(f"{_PREFIX}:apikey-id:{digest[:12]}")
+        pipe = self._redis.pipeline()
+        pipe.delete(f"webctx:apikey:{digest}")
+        pipe.delete(f"webctx:apikey-id:{digest[:12]}")
         removed = pipe.execute()[0]
         return bool(removed)
 
@@ -120,8 +119,8 @@ class TenantStore:
         """Count one request in the current fixed window; allowed while within `limit`."""
         now = time.time()
         window = int(now // window_s)
-        name = f"{_PREFIX}:ratelimit:{key_id}:{window}"
-        pipe = self.r.pipeline()
+        name = f"webctx:ratelimit:{key_id}:{window}"
+        pipe = self._redis.pipeline()
         pipe.incr(name)
         pipe.expire(name, window_s + 1)
         count = int(pipe.execute()[0])
