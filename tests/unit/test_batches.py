@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import fakeredis
 import pytest
@@ -225,3 +227,17 @@ def test_every_key_of_a_batch_expires_the_parts_written_after_creation_too(
     keys = list(jobs._redis.scan_iter(f"webctx:batch:{batch_id}*"))
     assert {k.rsplit(":", 1)[-1] for k in keys} >= {"outcome", "stats"}
     assert all(0 < jobs._redis.ttl(k) <= 600 for k in keys), keys
+
+
+def test_a_cancel_waits_for_a_feed_step_in_progress(jobs: JobStore) -> None:
+    store = BatchStore(jobs._redis, jobs)
+    batch_id, _ = store.create("alpha", "n", _items(4))
+    jobs._redis.set(f"webctx:batch:{batch_id}:lock", "a feeder", px=60_000)  # a step runs
+    cancelling = threading.Thread(target=store.cancel, args=(batch_id,))
+    cancelling.start()
+    time.sleep(0.3)
+    assert store.meta(batch_id)["state"] == "running"  # it waits instead of miscounting
+    jobs._redis.delete(f"webctx:batch:{batch_id}:lock")
+    cancelling.join(timeout=5)
+    meta = store.meta(batch_id)
+    assert (meta["state"], meta["cancelled"]) == ("cancelled", "4")

@@ -37,6 +37,9 @@ from webctx.jobs.store import JobStore
 from webctx.models import JobRequest, JobStatus
 
 _RUNNING = "webctx:batches:running"
+_LOCK_MS = 60_000
+"""The feeder's lock (one feed step or cancel at a time) expires after this, should its
+holder die."""
 _FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 _STAT_NAMES = (
     "pages_downloaded", "pages_reused", "pages_revalidated", "searches_sent", "searches_cached",
@@ -354,7 +357,7 @@ class BatchStore:
         """Settle finished items and start new ones within the limits; returns how many
         started. Safe to call concurrently and repeatedly (one feeder at a time per batch)."""
         lock, token = self._k(batch_id, "lock"), uuid.uuid4().hex
-        if not self._redis.set(lock, token, nx=True, px=60_000):
+        if not self._redis.set(lock, token, nx=True, px=_LOCK_MS):
             return 0  # another feeder is at it; it sees everything this call would
         try:
             now = now if now is not None else time.time()
@@ -482,7 +485,19 @@ class BatchStore:
             pipe.execute()
 
     def cancel(self, batch_id: str) -> None:
-        """Stop the batch: queued items never start, in-flight jobs are cancelled."""
+        """Stop the batch: queued items never start, in-flight jobs are cancelled.
+
+        It holds the feeder's lock: a feed step running meanwhile could start an item this
+        cancel counts as never started (the item then counted twice, cancelled and done)."""
+        lock, token = self._k(batch_id, "lock"), uuid.uuid4().hex
+        while not self._redis.set(lock, token, nx=True, px=_LOCK_MS):
+            time.sleep(0.05)  # a feed step takes milliseconds; a dead feeder's lock expires
+        try:
+            self._cancel(batch_id)
+        finally:
+            self._release(lock, token)
+
+    def _cancel(self, batch_id: str) -> None:
         meta = self.meta(batch_id)
         if meta["state"] != "running":
             return
