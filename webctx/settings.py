@@ -151,6 +151,12 @@ class Settings(BaseSettings):
     """Hard limit of one task; must stay below the visibility timeout."""
     max_deliveries: int = 3
     """Deliveries of one item that died with its worker before it is failed `worker_lost`."""
+    task_max_retries: int = Field(default=5, ge=0)
+    """Retries of a task after a transient failure (429, 5xx, timeout) before its item fails."""
+    task_retry_backoff_s: float = Field(default=2.0, gt=0)
+    """First retry's wait when the provider gave no retry-after; doubles per retry."""
+    task_retry_backoff_max_s: float = Field(default=60.0, gt=0)
+    """Longest wait before a retry, a provider's retry-after included."""
 
     page_cache_ttl_s: int = 24 * 3600
     """A URL fetched this recently is reused by any job instead of downloaded (0: off)."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery, group, signals
 
 from webctx import tokens
 from webctx.allocator import return_freed_memory
@@ -21,12 +22,25 @@ from webctx.settings import get_settings
 from webctx.workers.celeryconfig import INDEX_QUEUE
 from webctx.workers.deps import Deps, build_deps
 from webctx.workers.metrics import MetricsObserver, install_worker_signals
+from webctx.workers.policy import StageTask
 
-app = Celery("webctx", include=["webctx.workers.tasks", "webctx.workers.index_tasks"])
+app = Celery(
+    "webctx", task_cls=StageTask, include=["webctx.workers.tasks", "webctx.workers.index_tasks"]
+)
 app.config_from_object("webctx.workers.celeryconfig")
 install_worker_signals(app)  # stage metrics, job_id/task_id on log lines, optional tracing
 
 logger = logging.getLogger("webctx.worker")
+
+
+def start_tasks(stage: str, arguments: Sequence[tuple[str | int, ...]]) -> None:
+    """Send one `webctx.<stage>` task per argument tuple (a group when there are several):
+    how the job engine's fan-in starts a stage."""
+    signatures = [app.signature(f"webctx.{stage}", args=args) for args in arguments]
+    if len(signatures) == 1:
+        signatures[0].apply_async()
+    elif signatures:
+        group(signatures).apply_async()
 
 
 def _feed_soon(batch_id: str) -> None:
@@ -49,7 +63,7 @@ def worker_deps() -> Deps:
     global _deps
     with _deps_lock:
         if _deps is None:
-            _deps = build_deps(get_settings(), observers=job_observers())
+            _deps = build_deps(get_settings(), start=start_tasks, observers=job_observers())
         return _deps
 
 

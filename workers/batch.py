@@ -70,7 +70,7 @@ def submit_batch(
     return batch_id, created
 
 
-@app.task(name="webctx.batch_feed", acks_late=True, ignore_result=True)
+@app.task(name="webctx.batch_feed")
 def batch_feed(batch_id: str) -> str:
     """Settle a batch's finished items and start the next ones."""
     deps = worker_deps()

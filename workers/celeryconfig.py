@@ -60,6 +60,10 @@ result_backend_transport_options = {"visibility_timeout": _VISIBILITY_S}
 visibility_timeout = _VISIBILITY_S
 task_time_limit = _settings.task_time_limit_s
 task_soft_time_limit = max(1, task_time_limit * 9 // 10)
+# Every task's retry policy (webctx.workers.policy.StageTask.retry_transient reads it).
+task_annotations = {"*": {"max_retries": _settings.task_max_retries,
+                          "default_retry_delay": _settings.task_retry_backoff_s,
+                          "retry_backoff_max": _settings.task_retry_backoff_max_s}}  # fmt: skip
 # Lost broker: keep reconnecting (Redis restarted); running tasks are cancelled and, being
 # unacked, come back after the visibility timeout when the broker kept them (TRAPS 3).
 broker_connection_retry = True

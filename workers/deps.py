@@ -3,8 +3,8 @@ process: `webctx.workers.app.worker_deps`)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -12,18 +12,23 @@ import fakeredis
 import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
-from webctx.errors import ConfigError, WebctxError
+from webctx.errors import ConfigError
 from webctx.index.page_records import PageIndex
 from webctx.index.runs import RefreshRuns
 from webctx.index.sources import SourceRegistry
 from webctx.jobs.batches import BatchStore
 from webctx.jobs.caches import IndexedPages, PageCache, SearchCache
 from webctx.jobs.embed_cache import RedisEmbeddingCache
+from webctx.jobs.engine import Engine, Plan, store_scope
+from webctx.jobs.fanin import FanIn, Start
+from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobObserver, JobStore
 from webctx.jobs.tenants import TenantStore
+from webctx.models import Page
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
 from webctx.settings import Settings
+from webctx.stages.plan import LLMPlanner, plan_queries
 
 logger = logging.getLogger("webctx.deps")
 
@@ -75,76 +80,30 @@ def stores_on(
 
 @dataclass
 class Deps:
-    """Everything a task needs, built from one Settings.
-
-    The vector store opens on first use, so a worker that serves only the search and
-    fetch queues never opens it (the embedded engine allows one process per path).
-    """
+    """This process's collaborators: the state stores (the index's too) and the job engine,
+    whose embedder, fetcher and vector store the index's tasks share."""
 
     settings: Settings
     stores: StateStores
-    search: SearchProvider
-    fetcher: ConditionalFetcher
-    embedder: Embedder
-    blobs: redis.Redis
-    """A client of the state Redis that returns bytes (staged vectors)."""
-    page_cache: PageCache
-    search_cache: SearchCache
-    planner_model: str | None = None
-    limiter: RedisRateLimiter | None = None
-    cache: RedisEmbeddingCache | None = None
-    _store: VectorStore | None = None
-    _store_lock: threading.Lock = field(default_factory=threading.Lock)
+    engine: Engine
 
     @property
     def jobs(self) -> JobStore:
         """The job store."""
-        return self.stores.jobs
+        return self.engine.jobs
 
     @property
     def store(self) -> VectorStore:
-        """The vector store, opened on first use. Opened empty, it voids the marks of pages
-        stored before (`IndexedPages.forget_store`): trusting them would skip embedding
-        pages the store no longer holds, and rank would find nothing of them."""
-        with self._store_lock:
-            if self._store is None:
-                store = build_store(self.settings)
-                try:
-                    empty = store.count() == 0
-                except WebctxError as exc:  # a server down now: its tasks will say so
-                    logger.warning("vector store not counted", extra={"exc": str(exc)})
-                    empty = False
-                if empty:
-                    self.indexed_pages().forget_store()
-                self._store = store
-            return self._store
+        """The vector store, opened on first use (`Engine.store`)."""
+        return self.engine.store
 
     def open_store(self) -> VectorStore:
-        """Open the store now rather than at the first task that needs it (see `store`)."""
-        return self.store
-
-    def index_scope(self) -> tuple[str, ...]:
-        """What a stored page's points depend on: store, collection, model, chunking."""
-        settings = self.settings
-        return (
-            settings.qdrant_url or str(settings.qdrant_path.resolve()),
-            settings.qdrant_collection,
-            self.embedder.model,
-            f"{settings.chunk.max_tokens}/{settings.chunk.overlap_tokens}",
-        )
-
-    def indexed_pages(self) -> IndexedPages:
-        """Pages known to be in this store, embedded by this model, chunked this way."""
-        return self.stores.stored_pages(ttl_s=self.settings.page_cache_ttl_s,
-                                        scope=self.index_scope())  # fmt: skip
+        """Open the store now rather than at the first task that needs it."""
+        return self.engine.store
 
     def close(self) -> None:
         """Close the vector store if it was opened (the embedded engine holds a lock)."""
-        with self._store_lock:
-            close = getattr(self._store, "close", None)
-            if callable(close):
-                close()
-            self._store = None
+        self.engine.close_store()
 
 
 _fake_server: fakeredis.FakeServer | None = None
@@ -280,23 +239,62 @@ def build_store(settings: Settings) -> VectorStore:
     return EdgeVectorStore(settings.qdrant_path, datatype=settings.qdrant_vector_datatype)
 
 
-def build_deps(settings: Settings, *, observers: Sequence[JobObserver] = ()) -> Deps:
-    """Every collaborator for `settings`; the job store tells `observers` of its facts."""
+def build_deps(
+    settings: Settings, *, start: Start, observers: Sequence[JobObserver] = ()
+) -> Deps:
+    """Every collaborator for `settings`: the job store tells `observers` of its facts, the
+    fan-in sends a stage's tasks through `start` (the worker's app)."""
     state = state_client(settings)
     stores = stores_on(state, settings, observers=observers)
-    search = build_search(settings)
-    return Deps(
+    return Deps(settings=settings, stores=stores,
+                engine=build_engine(settings, stores, state=state, start=start))  # fmt: skip
+
+
+def build_engine(
+    settings: Settings, stores: StateStores, *, state: redis.Redis, start: Start
+) -> Engine:
+    """The job engine on `stores`; `state` is their client (the fetcher's shared pace)."""
+    embedder, search = build_embedder(settings), build_search(settings)
+    scope = store_scope(settings, embedder.model)
+    staging_scope = hashlib.sha256("\x1f".join(scope).encode()).hexdigest()[:16]
+    index = settings.index
+
+    def indexed_copy(tenant: str, url: str) -> Page | None:
+        return stores.records.fresh_page(tenant, url, max_age_s=index.max_age_s,
+                                         model=embedder.model)  # fmt: skip
+
+    return Engine(
         settings=settings,
-        stores=stores,
+        jobs=stores.jobs,
+        fanin=FanIn(stores.jobs, start),
         search=search,
         fetcher=build_fetcher(settings, state=state if settings.state_url() else None),
-        embedder=build_embedder(settings),
-        blobs=_bytes_client(settings),
+        embedder=embedder,
+        plan=build_planner(settings),
         page_cache=stores.page_cache(ttl_s=settings.page_cache_ttl_s),
         search_cache=stores.search_cache(ttl_s=settings.search_cache_ttl_s,
                                          provider=getattr(search, "name", "")),
-        planner_model=settings.planner_model,
-        limiter=build_limiter(settings),
+        stored=stores.stored_pages(ttl_s=settings.page_cache_ttl_s, scope=scope),
+        staging=ChunkStaging(_bytes_client(settings), scope=staging_scope),
+        open_store=lambda: build_store(settings),
+        indexed_copy=indexed_copy,
         cache=build_embed_cache(settings),
+        limiter=build_limiter(settings),
     )
 
+
+def build_planner(settings: Settings) -> Plan:
+    """Rule-based query planning, or an LLM's (WEBCTX_PLANNER_MODEL) through the
+    OpenAI-compatible API."""
+    model = settings.planner_model
+    if not model:
+        return lambda question, n: plan_queries(question, max_queries=n)
+
+    def plan(question: str, n: int) -> list[str]:
+        from openai import OpenAI
+
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "none"
+        client = OpenAI(base_url=settings.openai_base_url, api_key=key, max_retries=1)
+        return LLMPlanner(client, model).plan(question, n)
+
+    return plan

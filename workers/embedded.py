@@ -11,7 +11,7 @@ from celery.contrib.testing.worker import TestWorkController, setup_app_for_work
 
 from webctx.errors import ConfigError
 from webctx.settings import Settings
-from webctx.workers.app import app, job_observers, set_deps
+from webctx.workers.app import app, job_observers, set_deps, start_tasks
 from webctx.workers.deps import Deps, build_deps
 
 
@@ -28,7 +28,7 @@ def embedded_worker(settings: Settings) -> Iterator[Deps]:
         raise ConfigError("the embedded worker runs only when CELERY_BROKER_URL is unset")
     if not str(app.conf.broker_url).startswith("memory://"):
         raise ConfigError(f"embedded mode needs the memory:// broker, not {app.conf.broker_url}")
-    deps = build_deps(settings, observers=job_observers())
+    deps = build_deps(settings, start=start_tasks, observers=job_observers())
     deps.open_store()  # before any task, as a store worker does (webctx.workers.app.store_refusal)
     set_deps(deps)
     setup_app_for_worker(app, "WARNING", None)

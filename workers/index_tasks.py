@@ -28,25 +28,26 @@ logger = logging.getLogger(__name__)
 
 def index_context(deps: Deps) -> IndexContext:
     """The re-index collaborators of this process's Deps."""
-    store, fetcher = deps.store, deps.fetcher
+    engine, settings = deps.engine, deps.settings
+    store = engine.store
     if not isinstance(store, IndexStore):
         raise ConfigError("the configured vector store cannot serve the index")
     return IndexContext(
         index=deps.stores.records,
-        stored_pages=deps.indexed_pages(),
-        fetcher=fetcher,
-        embedder=deps.embedder,
+        stored_pages=engine.stored,
+        fetcher=engine.fetcher,
+        embedder=engine.embedder,
         store=store,
-        chunking=deps.settings.chunk,
-        embedding=deps.settings.embed,
-        settings=deps.settings.index,
-        cache=deps.cache,
-        limiter=deps.limiter,
-        extract_timeout_s=deps.settings.fetch.extract_timeout_s,
+        chunking=settings.chunk,
+        embedding=settings.embed,
+        settings=settings.index,
+        cache=engine.cache,
+        limiter=engine.limiter,
+        extract_timeout_s=settings.fetch.extract_timeout_s,
     )
 
 
-@app.task(name="webctx.index.tick", acks_late=True)
+@app.task(name="webctx.index.tick")
 def tick() -> int:
     """Start a refresh of every due source this tick won; sweep old points."""
     deps = worker_deps()
@@ -58,7 +59,7 @@ def tick() -> int:
     return len(due)
 
 
-@app.task(name="webctx.index.refresh", acks_late=True)
+@app.task(name="webctx.index.refresh")
 def refresh(tenant: str, source_id: str, run_id: str | None = None) -> str:
     """Re-index one source (skipped while another run of it holds the lock)."""
     deps = worker_deps()
@@ -83,7 +84,7 @@ def refresh(tenant: str, source_id: str, run_id: str | None = None) -> str:
     return source_id
 
 
-@app.task(name="webctx.index.search", acks_late=True, ignore_result=False)
+@app.task(name="webctx.index.search", ignore_result=False)
 def search(tenant: str, query: str, limit: int, filters: dict[str, str | None]) -> list[Any]:
     """Index search where the vector store is open (the embedded engine's one process)."""
     hits = search_index(query, tenant=tenant, ctx=index_context(worker_deps()), limit=limit,
@@ -91,7 +92,7 @@ def search(tenant: str, query: str, limit: int, filters: dict[str, str | None]) 
     return [h.model_dump() for h in hits]
 
 
-@app.task(name="webctx.index.forget", acks_late=True)
+@app.task(name="webctx.index.forget")
 def forget(tenant: str, source_id: str) -> int:
     """Drop a removed source's pages, then sweep what nothing points at."""
     ctx = index_context(worker_deps())

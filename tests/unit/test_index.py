@@ -6,6 +6,7 @@ the test Redis db; the store is the in-memory adapter (the contract tests cover 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -297,16 +298,15 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
     from webctx.api.mcp import build_mcp
     from webctx.settings import Settings
     from webctx.workers.app import set_deps
-    from webctx.workers.deps import Deps, stores_on
+    from webctx.workers.deps import Deps, build_engine, stores_on
 
     settings = Settings(redis_url=redis_url(), embedding_provider="hash",
                         qdrant_path=tmp_path / "q", local_tenant=TENANT)  # fmt: skip
     store = MemoryVectorStore()
     stores = stores_on(r, settings)
-    deps = Deps(settings=settings, stores=stores, search=None,  # type: ignore[arg-type]
-                fetcher=site, embedder=HashEmbedder(), blobs=r,
-                page_cache=stores.page_cache(ttl_s=0),
-                search_cache=stores.search_cache(ttl_s=0, provider=""), _store=store)  # fmt: skip
+    built = build_engine(settings, stores, state=r, start=lambda stage, arguments: None)
+    engine = dataclasses.replace(built, fetcher=site, embedder=HashEmbedder(), _store=store)
+    deps = Deps(settings=settings, stores=stores, engine=engine)
     site.put("/a.html", article("narwhal"))
     source = stores.sources.add(TENANT, BASE + "/a.html", every_s=60)
     set_deps(deps)

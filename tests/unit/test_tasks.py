@@ -34,7 +34,9 @@ def test_a_rank_that_fails_ends_the_job_failed_instead_of_leaving_it_to_the_watc
     tmp_path: Path,
 ) -> None:
     settings = Settings(embedding_provider="hash", qdrant_path=tmp_path / "q")
-    deps = dataclasses.replace(build_deps(settings), _store=RefusingStore())
+    built = build_deps(settings, start=lambda stage, arguments: None)
+    deps = dataclasses.replace(built, engine=dataclasses.replace(built.engine,
+                                                                 _store=RefusingStore()))
     set_deps(deps)
     try:
         job_id = deps.jobs.create(JobRequest(question="how do batteries age?"))

@@ -1,0 +1,95 @@
+"""The job engine's collaborators: what a job's tasks work with, built once per process by
+the worker layer (`webctx.workers.deps.build_deps`) from Settings.
+
+The vector store opens on first use, so a worker that serves only the search and fetch
+queues never opens it (the embedded engine admits one process per path).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from webctx.errors import TransientError, WebctxError
+from webctx.jobs.caches import IndexedPages, PageCache, SearchCache
+from webctx.jobs.embed_cache import RedisEmbeddingCache
+from webctx.jobs.fanin import FanIn
+from webctx.jobs.staging import ChunkStaging
+from webctx.jobs.store import JobStore
+from webctx.models import Page
+from webctx.net.ratelimit import RedisRateLimiter
+from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
+from webctx.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+Retry = Callable[[TransientError], None]
+"""A task's retry: raises (the task runs again later) while retries remain, returns once
+they are spent (the step then records the failure)."""
+IndexedCopy = Callable[[str, str], Page | None]
+"""The persistent index's fresh copy of a URL for a tenant (tenant, url), or None."""
+Plan = Callable[[str, int], list[str]]
+"""Search queries for a question, at most n."""
+
+
+@dataclass
+class Engine:
+    """Everything a job's steps need."""
+
+    settings: Settings
+    jobs: JobStore
+    fanin: FanIn
+    search: SearchProvider
+    fetcher: ConditionalFetcher
+    embedder: Embedder
+    plan: Plan
+    page_cache: PageCache
+    search_cache: SearchCache
+    stored: IndexedPages
+    """Pages known to be in this store, embedded by this model, chunked this way."""
+    staging: ChunkStaging
+    """Embedded pages waiting for their store task, in the same store scope."""
+    open_store: Callable[[], VectorStore]
+    indexed_copy: IndexedCopy
+    cache: RedisEmbeddingCache | None = None
+    limiter: RedisRateLimiter | None = None
+    _store: VectorStore | None = None
+    _store_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def store(self) -> VectorStore:
+        """The vector store, opened on first use. Opened empty, it voids the marks of pages
+        stored before (`IndexedPages.forget_store`): trusting them would skip embedding
+        pages the store no longer holds, and rank would find nothing of them."""
+        with self._store_lock:
+            if self._store is None:
+                store = self.open_store()
+                try:
+                    empty = store.count() == 0
+                except WebctxError as exc:  # a server down now: its tasks will say so
+                    logger.warning("vector store not counted", extra={"exc": str(exc)})
+                    empty = False
+                if empty:
+                    self.stored.forget_store()
+                self._store = store
+            return self._store
+
+    def close_store(self) -> None:
+        """Close the vector store if it was opened (the embedded engine holds a lock)."""
+        with self._store_lock:
+            close = getattr(self._store, "close", None)
+            if callable(close):
+                close()
+            self._store = None
+
+
+def store_scope(settings: Settings, model: str) -> tuple[str, ...]:
+    """What a stored page's points depend on: store, collection, model, chunking."""
+    return (
+        settings.qdrant_url or str(settings.qdrant_path.resolve()),
+        settings.qdrant_collection,
+        model,
+        f"{settings.chunk.max_tokens}/{settings.chunk.overlap_tokens}",
+    )

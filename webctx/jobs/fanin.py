@@ -1,0 +1,90 @@
+"""The hand-offs between a job's stages: which task starts the next stage, and only once.
+
+    plan ─► search × queries ─► (last search) choose URLs ─► fetch × URLs ─► embed × pages
+         ─► store × pages ─► (last page settled) rank ─► bundle
+      └──► embed_question (the question's vector into the embedding cache, ahead of rank)
+
+No chords: on a Redis result backend a chord's body runs only when every header result
+arrives, so one lost message would leave the job waiting until its watchdog. Each fan-in
+is a completion set in the job store (`JobStore.complete`): the task whose completion
+fills it starts the next stage, and a redelivered task that finds the set full but the
+next stage not recorded as started starts it again (every task is idempotent, so a
+duplicate start costs work, never correctness).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from webctx.jobs.store import JobStore
+from webctx.models import Failure, JobStatus
+from webctx.stages.search import merge_results
+
+Start = Callable[[str, Sequence[tuple[str | int, ...]]], None]
+"""Send one task of a stage ("search", "fetch", "embed"…) per argument tuple (the worker
+layer's; tasks carry ids only)."""
+
+
+class FanIn:
+    """Starts each stage of a job's tasks when its fan-in completes."""
+
+    def __init__(self, jobs: JobStore, start: Start) -> None:
+        self.jobs = jobs
+        self.start = start
+
+    def planned(self, job_id: str, *, queries: int, question_ahead: bool) -> None:
+        """The queries are planned: one search each, and the question's embedding ahead
+        of rank (when the vectors are cached: rank then reads it instead of waiting)."""
+        if question_ahead:
+            self.start("embed_question", [(job_id,)])
+        self.start("search", [(job_id, i) for i in range(queries)])
+
+    def searched(self, job_id: str, query_idx: int) -> None:
+        """One query is done; the last one chooses the URLs and starts their fetches."""
+        total = len(self.jobs.queries(job_id))
+        if self.jobs.complete(job_id, "search", str(query_idx), total=total):
+            self._fetch_chosen(job_id)
+
+    def _fetch_chosen(self, job_id: str) -> None:
+        """Merge every query's results, keep the best `max_sources`, fetch each."""
+        request = self.jobs.request(job_id)
+        merged = merge_results(
+            self.jobs.search_results(job_id),
+            include_domains=request.include_domains,
+            exclude_domains=request.exclude_domains,
+        )
+        chosen = [r.url for r in merged[: request.max_sources]]
+        if not chosen:
+            error = _no_results_error(self.jobs.failures(job_id))
+            self.jobs.set_status(job_id, JobStatus.FAILED, error=error)
+            return
+        url_ids = self.jobs.set_urls(job_id, chosen)
+        self.jobs.set_count(job_id, "results", len(merged))
+        self.start("fetch", [(job_id, url_id) for url_id in url_ids])
+        self.jobs.mark_next_started(job_id, "search")
+
+    def fetched(self, job_id: str, url_id: str) -> None:
+        """One URL's fetch is done (for progress: each page then moves on by itself)."""
+        self.jobs.complete(job_id, "fetch", url_id, total=len(self.jobs.urls(job_id)))
+
+    def to_embed(self, job_id: str, url_id: str) -> None:
+        """Chunk and embed one fetched page."""
+        self.start("embed", [(job_id, url_id)])
+
+    def to_store(self, job_id: str, url_id: str) -> None:
+        """Write one embedded page's staged chunks to the vector store."""
+        self.start("store", [(job_id, url_id)])
+
+    def settled(self, job_id: str, url_id: str) -> None:
+        """One page is settled (stored, nothing to store, or failed); the last one starts
+        rank."""
+        if self.jobs.complete(job_id, "embed", url_id, total=len(self.jobs.urls(job_id))):
+            self.start("rank", [(job_id,)])
+            self.jobs.mark_next_started(job_id, "embed")
+
+
+def _no_results_error(failures: Sequence[Failure]) -> str:
+    if failures:
+        reasons = "; ".join(f"{f.url}: {f.error}" for f in failures[:5])
+        return f"search failed for every query: {reasons}"
+    return "search returned no results"

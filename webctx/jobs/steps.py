@@ -1,0 +1,212 @@
+"""A job's steps: what each task does for a job, given the engine (`webctx.jobs.engine`)
+and, where a provider may refuse for a while, the task's retry.
+
+Each step checks that the job is still active, calls its stages, saves what they give in
+the job store and hands on to the next stage through the fan-in. The steps of one page
+(fetch, embed, store) are in `webctx.jobs.pages`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+
+from webctx.errors import TransientError, WebctxError
+from webctx.jobs.engine import Engine, Retry
+from webctx.models import BundleStats, Failure, JobStatus, SearchResult
+from webctx.stages.bundle import build_bundle
+from webctx.stages.compose import answer_question
+from webctx.stages.embed import embed_with_cache
+from webctx.stages.search import search_query
+
+logger = logging.getLogger(__name__)
+
+
+def plan_job(engine: Engine, job_id: str) -> None:
+    """Turn the question into search queries (once) and start one search per query."""
+    jobs = engine.jobs
+    if not jobs.is_active(job_id):
+        return
+    jobs.set_status(job_id, JobStatus.RUNNING)
+    jobs.mark_stage(job_id, "plan", start=True)
+    queries = jobs.queries(job_id)
+    if not queries:
+        request = jobs.request(job_id)
+        queries = engine.plan(request.question, request.max_queries)
+        jobs.set_queries(job_id, queries)
+    jobs.mark_stage(job_id, "plan", start=False)
+    logger.info("job planned", extra={"job_id": job_id, "queries": len(queries)})
+    engine.fanin.planned(job_id, queries=len(queries), question_ahead=engine.cache is not None)
+
+
+def search_one(engine: Engine, job_id: str, query_idx: int, *, retry: Retry) -> None:
+    """Run one planned query (a failure recorded, never raised past its retries); the
+    last one starts the fetches."""
+    jobs = engine.jobs
+    if not jobs.is_active(job_id):
+        return
+    if not jobs.is_done(job_id, "search", str(query_idx)):
+        jobs.mark_stage(job_id, "search", start=True)
+        query = jobs.queries(job_id)[query_idx]
+        # Each query alone should be able to fill the job's sources.
+        limit = max(engine.settings.search_results_per_query, jobs.request(job_id).max_sources)
+        try:
+            results = _cached_search(engine, job_id, query, limit)
+        except WebctxError as exc:
+            if isinstance(exc, TransientError):
+                retry(exc)
+            results = []
+            record_failure(engine, job_id, f"q:{query_idx}", f"query:{query}", "search", exc)
+        jobs.save_search(job_id, query_idx, results)
+        jobs.mark_stage(job_id, "search", start=False)
+    engine.fanin.searched(job_id, query_idx)
+
+
+def _cached_search(engine: Engine, job_id: str, query: str, limit: int) -> list[SearchResult]:
+    """One query's results; batch items take them from the search cache when fresh."""
+    jobs, cache = engine.jobs, engine.search_cache
+    recency = jobs.request(job_id).recency_days
+    # The cache holds unrestricted results only: a recency-limited query always goes out.
+    cached = jobs.batch_of(job_id) and recency is None
+    results = cache.get(query, limit=limit) if cached else None
+    if results is not None:
+        jobs.add_counts(job_id, searches_cached=1)
+        return results
+    results = search_query(engine.search, query, limit=limit, recency_days=recency)
+    if recency is None:
+        cache.put(query, results, limit=limit)
+    jobs.add_counts(job_id, searches_sent=1)
+    return results
+
+
+def embed_question(engine: Engine, job_id: str) -> None:
+    """Embed the job's question into the embedding cache ahead of ranking, so the rank
+    task (on the one process that holds the vector store) finds it instead of waiting on
+    the provider. Best effort: on any failure the rank task embeds it itself."""
+    jobs, cache = engine.jobs, engine.cache
+    if cache is None or not jobs.is_active(job_id) or jobs.bundle(job_id) is not None:
+        return
+    embedding = engine.settings.embed
+    try:
+        outcome = embed_with_cache(
+            [jobs.request(job_id).question],
+            engine.embedder,
+            cache=cache,
+            limiter=engine.limiter,
+            max_inputs=1,
+            max_tokens_per_request=embedding.max_tokens_per_request,
+            max_input_tokens=embedding.max_input_tokens,
+            max_attempts=1,
+        )
+    except Exception as exc:  # noqa: BLE001 - the rank task embeds it and reports failures
+        logger.info("question not embedded ahead", extra={"job_id": job_id, "error": str(exc)})
+        return
+    jobs.add_counts(
+        job_id,
+        embed_requests=outcome.requests,
+        tokens_embedded=outcome.tokens,
+        cache_hits=outcome.cache_hits,
+        tokens_saved=outcome.tokens_saved,
+        question_ahead=1,  # counted here: rank reads the vector without counting it again
+    )
+
+
+def _question_ahead(engine: Engine, job_id: str, question: str) -> list[float] | None:
+    """The question's vector if `embed_question` embedded (and counted) it for this job."""
+    if engine.cache is None or not engine.jobs.counters(job_id).get("question_ahead"):
+        return None
+    dimensions = getattr(engine.embedder, "dimensions", None)
+    return engine.cache.get_many(engine.embedder.model, dimensions, [question])[0]
+
+
+def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
+    """Rank the job's chunks into its cited bundle (once); `force` is the deadline
+    watchdog. Any error but Redis's ends the job failed, after a transient one's retries."""
+    jobs = engine.jobs
+    if not jobs.is_active(job_id) or jobs.bundle(job_id) is not None:
+        return
+    if force:
+        logger.warning("job deadline reached", extra={"job_id": job_id})
+    jobs.mark_stage(job_id, "rank", start=True)
+    request, pages = jobs.request(job_id), jobs.pages(job_id)
+    failures, queries = jobs.failures(job_id), jobs.queries(job_id)
+    stats = _stats(engine, job_id, pages_count=len(pages))
+    if not pages:
+        _finish_failed(engine, job_id, request.question, queries, failures, stats, force=force)
+        return
+    try:
+        bundle = answer_question(
+            job_id=job_id, question=request.question, queries=queries, pages=pages,
+            failures=failures, stats=stats, embedder=engine.embedder, store=engine.store,
+            top_k=request.top_k, token_budget=request.token_budget,
+            embedding=engine.settings.embed, cache=engine.cache, limiter=engine.limiter,
+            question_vector=_question_ahead(engine, job_id, request.question),
+        )  # fmt: skip
+    except TransientError as exc:
+        retry(exc)
+        jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc}")
+        return
+    except redis.RedisError:
+        raise  # the job store is down, not the job: redelivered once Redis is back
+    except Exception as exc:  # noqa: BLE001 - a job must end, not wait for its watchdog
+        logger.exception("rank failed", extra={"job_id": job_id})
+        jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc or type(exc).__name__}")
+        return
+    jobs.mark_stage(job_id, "rank", start=False)
+    bundle.stats.stage_s = jobs.stage_seconds(job_id)
+    bundle.stats.elapsed_s = round(time.time() - jobs.created_at(job_id), 3)
+    if jobs.save_bundle(job_id, bundle):
+        jobs.set_status(job_id, JobStatus.SUCCEEDED)
+        logger.info("job succeeded", extra={"job_id": job_id, "chunks": len(bundle.chunks)})
+
+
+def record_failure(
+    engine: Engine, job_id: str, key: str, url: str, stage: str, exc: Exception
+) -> None:
+    """Record why a source (or query, `key`) failed at `stage`; the job goes on."""
+    reason = getattr(exc, "reason", type(exc).__name__)
+    failure = Failure(url=url, stage=stage, error=str(exc) or type(exc).__name__, reason=reason)  # type: ignore[arg-type]
+    engine.jobs.add_failure(job_id, key, failure)
+    logger.info("source failed", extra={"job_id": job_id, "url": url, "stage": stage})
+
+
+def _stats(engine: Engine, job_id: str, *, pages_count: int) -> BundleStats:
+    jobs = engine.jobs
+    counters = jobs.counters(job_id)
+    return BundleStats(
+        queries=len(jobs.queries(job_id)),
+        results=counters.get("results", 0),
+        fetched=pages_count,
+        failed=len(jobs.failures(job_id)),
+        chunks=counters.get("chunks", 0),
+        embed_requests=counters.get("embed_requests", 0),
+        tokens_embedded=counters.get("tokens_embedded", 0),
+        cache_hits=counters.get("cache_hits", 0),
+        tokens_saved=counters.get("tokens_saved", 0),
+        index_reused=counters.get("index_reused", 0),
+    )
+
+
+def _finish_failed(
+    engine: Engine,
+    job_id: str,
+    question: str,
+    queries: list[str],
+    failures: list[Failure],
+    stats: BundleStats,
+    *,
+    force: bool,
+) -> None:
+    """End a job that has no page: a bundle listing the failures, and the reason."""
+    bundle = build_bundle(job_id=job_id, question=question, queries=queries, pages={},
+                          ranked=[], failures=failures, stats=stats)  # fmt: skip
+    engine.jobs.save_bundle(job_id, bundle)
+    if force and not failures:
+        error = "deadline reached before any source was fetched"
+    else:
+        error = f"all {len(failures)} sources failed: " + "; ".join(
+            f"{f.url} ({f.stage}: {f.error})" for f in failures[:5]
+        )
+    engine.jobs.set_status(job_id, JobStatus.FAILED, error=error)
