@@ -2,7 +2,7 @@
 
 Points shaped like ours (20 chunks per page, ~1000 chars, 384-dim unit vectors) go into
 each engine through webctx's adapters (dense `upsert` and `upsert_sparse`); the tenant's
-pointers go into Redis as an index written before generations existed, so the first
+page records go into Redis as an index written before generations existed, so the first
 search marks every page live (the migration path, timed). Then, per filter:
 
 - dense: the adapter's `rank_live` (top-50 point ids, no payload) with the tenant's scope;
@@ -45,10 +45,10 @@ from qdrant_client import QdrantClient  # noqa: E402
 from webctx.adapters.edge_store import EdgeVectorStore  # noqa: E402
 from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
 from webctx.adapters.qdrant_store import QdrantVectorStore  # noqa: E402
-from webctx.index.page_records import IndexedPage, PageIndex  # noqa: E402
+from webctx.index.page_records import PageRecord, PageRecords  # noqa: E402
 from webctx.index.refresh import IndexContext  # noqa: E402
 from webctx.index.search import RRF_K, search_index  # noqa: E402
-from webctx.jobs.caches import IndexedPages  # noqa: E402
+from webctx.jobs.caches import StoredPages  # noqa: E402
 from webctx.models import Chunk  # noqa: E402
 from webctx.protocols import IndexScope, IndexStore  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings  # noqa: E402
@@ -81,13 +81,13 @@ def load(store: IndexStore, n: int, rng: np.random.Generator) -> None:
         store.upsert_sparse(points)
 
 
-def write_pointers(r: redis.Redis, pages: int) -> None:
-    """The tenant's pointers and references, as an index written before generations (in
+def write_records(r: redis.Redis, pages: int) -> None:
+    """The tenant's page records and references, as an index written before generations (in
     the page records' own keys: no method writes that old layout any more)."""
-    index, now, pipe = PageIndex(r), time.time(), r.pipeline(transaction=False)
+    index, now, pipe = PageRecords(r), time.time(), r.pipeline(transaction=False)
     for p in range(pages):
         url = f"https://s{p % SITES}.test/{p}"
-        rec = IndexedPage(url=url, source_id="s", content_sha256=sha(p), model="bench",
+        rec = PageRecord(url=url, source_id="s", content_sha256=sha(p), model="bench",
                           fetched_at=now, changed_at=now, site=f"s{p % SITES}.test")  # fmt: skip
         pipe.hset(index._pages(TENANT), url, rec.model_dump_json())
         pipe.sadd(index._refs(sha(p)), f"{TENANT} {url}")
@@ -119,7 +119,7 @@ def ms(pair: tuple[float, float]) -> str:
 
 
 class Run:
-    """One engine's store, pointers and queries."""
+    """One engine's store, page records and queries."""
 
     def __init__(self, engine: str, store: IndexStore, r: redis.Redis, points: int,
                  queries: int) -> None:  # fmt: skip
@@ -129,8 +129,8 @@ class Run:
         self.vectors = (qv / np.linalg.norm(qv, axis=1, keepdims=True)).tolist()
         self.texts = [" ".join(VOCAB[j] for j in rng.integers(0, 200, 3))
                       for _ in range(queries + 5)]  # fmt: skip
-        self.ctx = IndexContext(index=PageIndex(r),
-                                stored_pages=IndexedPages(r, ttl_s=3600, scope=[engine]),
+        self.ctx = IndexContext(records=PageRecords(r),
+                                stored_pages=StoredPages(r, ttl_s=3600, scope=[engine]),
                                 fetcher=None,  # type: ignore[arg-type]
                                 embedder=HashEmbedder(model="bench", dimensions=DIM),
                                 store=store, chunking=ChunkSettings(),
@@ -141,7 +141,7 @@ class Run:
         search_index p50 (a neighbour's load only adds time), and every round's p50s."""
         out, p50s = [], []
         for name, site in (("tenant", None), ("one site", "s7.test")):
-            scope = self.ctx.index.scope(TENANT, store=self.store, site=site)
+            scope = self.ctx.records.scope(TENANT, store=self.store, site=site)
             assert scope is not None
             tried = [self.row(label, name, site, scope) for _ in range(rounds)]
             out.append(min(tried, key=lambda row: row[1])[0])
@@ -186,10 +186,10 @@ def bench_engine(
     started = time.perf_counter()
     load(store, points, np.random.default_rng(7))
     ingest = time.perf_counter() - started
-    write_pointers(r, points // PER_PAGE)
+    write_records(r, points // PER_PAGE)
     run = Run(engine, store, r, points, queries)
     started = time.perf_counter()
-    run.ctx.index.scope(TENANT, store=store)  # the first search marks every page live
+    run.ctx.records.scope(TENANT, store=store)  # the first search marks every page live
     marked = time.perf_counter() - started
     notes = [f"{engine}: ingest {points:,} points (dense + sparse) {ingest:.1f} s; marking "
              f"{points // PER_PAGE:,} pages live (first search after upgrade) {marked:.2f} s"]

@@ -36,10 +36,10 @@ from webctx.adapters.httpx_fetcher import HttpxFetcher  # noqa: E402
 from webctx.adapters.openai_embedder import OpenAIEmbedder  # noqa: E402
 from webctx.devweb.embeddings import make_embeddings_app  # noqa: E402
 from webctx.devweb.server import LoopbackServer  # noqa: E402
-from webctx.index.page_records import PageIndex  # noqa: E402
+from webctx.index.page_records import PageRecords  # noqa: E402
 from webctx.index.refresh import IndexContext, RefreshReport, refresh_source  # noqa: E402
 from webctx.index.sources import SourceRegistry  # noqa: E402
-from webctx.jobs.caches import IndexedPages  # noqa: E402
+from webctx.jobs.caches import StoredPages  # noqa: E402
 from webctx.net.addresses import AddressPolicy  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings, IndexSettings  # noqa: E402
 
@@ -178,8 +178,8 @@ def main() -> None:
     fetch = FetchSettings(per_host_delay_s=0, per_host_concurrency=args.concurrency,
                           concurrency=args.concurrency, respect_robots=False)  # fmt: skip
     ctx = IndexContext(
-        index=PageIndex(r),
-        stored_pages=IndexedPages(r, ttl_s=3600, scope=[str(tmp / "q")]),
+        records=PageRecords(r),
+        stored_pages=StoredPages(r, ttl_s=3600, scope=[str(tmp / "q")]),
         fetcher=HttpxFetcher(fetch, policy=AddressPolicy(allowed_networks=["127.0.0.1/32"])),
         embedder=OpenAIEmbedder(base_url=emb.url + "/v1", api_key="bench", model=MODEL),
         store=store,

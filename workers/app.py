@@ -19,7 +19,7 @@ from webctx.errors import ConfigError, WebctxError
 from webctx.jobs.batches import FeedOnItemEnd
 from webctx.jobs.store import JobObserver
 from webctx.settings import get_settings
-from webctx.workers.celeryconfig import INDEX_QUEUE
+from webctx.workers.celeryconfig import REINDEX_QUEUE
 from webctx.workers.deps import Deps, build_deps
 from webctx.workers.metrics import MetricsObserver, install_worker_signals
 from webctx.workers.policy import StageTask
@@ -73,7 +73,7 @@ def set_deps(deps: Deps | None) -> None:
     with _deps_lock:
         _deps = deps
 
-TOKEN_QUEUES = frozenset({"embed", "store", "rank", INDEX_QUEUE})
+TOKEN_QUEUES = frozenset({"embed", "store", "rank", REINDEX_QUEUE})
 """Queues whose tasks count tokens: chunking, embedding (the question too), re-indexing."""
 
 
@@ -90,7 +90,7 @@ def load_tokenizer(queues: set[str]) -> bool:
     return True
 
 
-STORE_QUEUES = frozenset({"store", "rank", INDEX_QUEUE})
+STORE_QUEUES = frozenset({"store", "rank", REINDEX_QUEUE})
 """Queues whose tasks open the vector store."""
 
 

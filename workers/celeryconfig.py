@@ -86,11 +86,12 @@ task_default_routing_key = "search"
 AMQP = broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
 MAX_PRIORITY = 9  # webctx priorities are 0-9 (webctx.workers.app.broker_priority)
 _queue_arguments = {"x-max-priority": MAX_PRIORITY} if AMQP else None
-# The index's own queue (docs/index.md): re-index runs must not delay research jobs' stages.
-INDEX_QUEUE = "index"
+# Re-index runs of the persistent index get their own queue (docs/index.md): they take
+# minutes and must not delay research jobs' stages.
+REINDEX_QUEUE = "reindex"
 task_queues = [
     Queue(name, Exchange(name), routing_key=name, queue_arguments=_queue_arguments)
-    for name in (*STAGE_QUEUES, INDEX_QUEUE)
+    for name in (*STAGE_QUEUES, REINDEX_QUEUE)
 ]
 task_routes = {
     "webctx.plan": {"queue": "search"},
@@ -102,7 +103,10 @@ task_routes = {
     # admits one process: give it `-Q store,rank`, and every other queue to any worker).
     "webctx.store": {"queue": "store"},
     "webctx.rank": {"queue": "rank"},
-    "webctx.index.*": {"queue": INDEX_QUEUE},
+    # An index search reads the vector store as rank does, and must not wait behind re-index
+    # runs; the rest of the index's tasks re-index.
+    "webctx.index.search": {"queue": "rank"},
+    "webctx.index.*": {"queue": REINDEX_QUEUE},
 }
 # Celery beat only sends ticks; the schedule itself (each source's next due time) lives in
 # Redis (webctx/index/sources.py), so it survives restarts, and each due run is claimed with

@@ -13,11 +13,11 @@ import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.errors import ConfigError
-from webctx.index.page_records import PageIndex
+from webctx.index.page_records import PageRecords
 from webctx.index.runs import RefreshRuns
 from webctx.index.sources import SourceRegistry
 from webctx.jobs.batches import BatchStore
-from webctx.jobs.caches import IndexedPages, PageCache, SearchCache
+from webctx.jobs.caches import PageCache, SearchCache, StoredPages
 from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.jobs.engine import Engine, Plan, store_scope
 from webctx.jobs.fanin import FanIn, Start
@@ -43,7 +43,7 @@ class StateStores:
     tenants: TenantStore
     sources: SourceRegistry
     runs: RefreshRuns
-    records: PageIndex
+    records: PageRecords
     _client: redis.Redis = field(repr=False)
 
     def page_cache(self, *, ttl_s: int) -> PageCache:
@@ -54,9 +54,9 @@ class StateStores:
         """The search-results cache of `provider`, on the same client."""
         return SearchCache(self._client, ttl_s=ttl_s, provider=provider)
 
-    def stored_pages(self, *, ttl_s: int, scope: Sequence[str]) -> IndexedPages:
+    def stored_pages(self, *, ttl_s: int, scope: Sequence[str]) -> StoredPages:
         """The marks of pages stored in the vector store `scope` names, on the same client."""
-        return IndexedPages(self._client, ttl_s=ttl_s, scope=scope)
+        return StoredPages(self._client, ttl_s=ttl_s, scope=scope)
 
     def close(self) -> None:
         """Close the client they share."""
@@ -75,7 +75,7 @@ def stores_on(
     jobs = JobStore(client, ttl_s=settings.job_ttl_s, observers=observers)
     return StateStores(jobs=jobs, batches=BatchStore(client, jobs), tenants=TenantStore(client),
                        sources=SourceRegistry(client), runs=RefreshRuns(client),
-                       records=PageIndex(client), _client=client)  # fmt: skip
+                       records=PageRecords(client), _client=client)  # fmt: skip
 
 
 @dataclass

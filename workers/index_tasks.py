@@ -1,4 +1,5 @@
-"""Index tasks on the `index` queue: the beat's tick, one source's re-index, index search.
+"""The persistent index's tasks: the beat's tick and one source's re-index (`reindex`
+queue), a search where the vector store is open (`rank` queue), a removed source's pages.
 
 Beat sends `webctx.index.tick` every WEBCTX_INDEX__TICK_S; the tick claims due sources in
 the registry (each due time exactly once, however many beats or redeliveries send ticks)
@@ -33,7 +34,7 @@ def index_context(deps: Deps) -> IndexContext:
     if not isinstance(store, IndexStore):
         raise ConfigError("the configured vector store cannot serve the index")
     return IndexContext(
-        index=deps.stores.records,
+        records=deps.stores.records,
         stored_pages=engine.stored,
         fetcher=engine.fetcher,
         embedder=engine.embedder,
@@ -96,7 +97,7 @@ def search(tenant: str, query: str, limit: int, filters: dict[str, str | None]) 
 def forget(tenant: str, source_id: str) -> int:
     """Drop a removed source's pages, then sweep what nothing points at."""
     ctx = index_context(worker_deps())
-    dropped = ctx.index.drop_source(tenant, source_id, store=ctx.store,
+    dropped = ctx.records.drop_source(tenant, source_id, store=ctx.store,
                                     grace_s=ctx.settings.grace_s)  # fmt: skip
     sweep(ctx)
     return dropped

@@ -8,7 +8,8 @@ Where each number comes from:
 - Celery signals: duration of each task by stage (histogram), task outcomes, retries;
 - log events: 429s met inside a task (`embed request retried` with RateLimited, `host
   paused` with status 429) — the stages already log them, so no stage knows of metrics;
-- scrape time (API only): messages waiting in each stage queue, asked of the broker.
+- scrape time (API only): messages waiting in each queue (the stages and reindex), asked of
+  the broker.
 
 A worker serves its metrics on `WEBCTX_METRICS_PORT`. Prefork children cannot share the
 main process's registry: with `PROMETHEUS_MULTIPROC_DIR` set (before the worker starts)
@@ -46,7 +47,6 @@ from webctx.logging import bind_context, clear_context, configure_logging
 from webctx.settings import get_settings
 
 logger = logging.getLogger(__name__)
-STAGES = ("search", "fetch", "embed", "store", "rank")
 
 JOBS = Counter("webctx_jobs", "Jobs that entered each status.", ["status"])
 STAGE_SECONDS = Histogram(
@@ -195,16 +195,16 @@ def install_worker_signals(app: Celery) -> None:
 
 # -- queue depths and the API's /metrics ------------------------------------------------------
 class QueueDepthCollector(Collector):
-    """Messages waiting in each stage queue, asked of the broker at scrape time."""
+    """Messages waiting in each queue, asked of the broker at scrape time."""
 
-    def __init__(self, app: Celery, queues: Iterable[str] = STAGES) -> None:
+    def __init__(self, app: Celery, queues: Iterable[str]) -> None:
         self.app = app
         self.queues = tuple(queues)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """One gauge per queue (absent queues count 0), and whether the broker answered."""
         depth = GaugeMetricFamily(
-            "webctx_queue_depth", "Messages waiting in a stage queue.", labels=["queue"]
+            "webctx_queue_depth", "Messages waiting in a queue.", labels=["queue"]
         )
         up = 1.0
         try:
@@ -261,7 +261,8 @@ class MetricsEndpoint:
 def observe_api(fastapi_app: Any, celery_app: Celery) -> None:
     """Give the API app `/metrics` (with the queue depths `celery_app`'s broker reports)
     and, with WEBCTX_OTEL, traces."""
-    endpoint = MetricsEndpoint(queue_depths=QueueDepthCollector(celery_app))
+    queues = [queue.name for queue in celery_app.conf.task_queues]  # stages and reindex
+    endpoint = MetricsEndpoint(queue_depths=QueueDepthCollector(celery_app, queues))
     fastapi_app.router.routes.append(Route("/metrics", endpoint=endpoint, methods=["GET"]))
     if get_settings().otel:
         install_tracing(celery=False)

@@ -33,7 +33,7 @@ from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.devweb.embeddings import make_embeddings_app
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
-from webctx.index.page_records import PageIndex
+from webctx.index.page_records import PageRecords
 from webctx.index.sources import SourceRegistry
 
 pytestmark = pytest.mark.slow
@@ -161,7 +161,7 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
         )
         registry = SourceRegistry(r)
         source = registry.add(TENANT, web.url + "/sitemap.xml", every_s=EVERY_S)
-        start_worker(env, "-c", "4", "-Q", "index")
+        start_worker(env, "-c", "4", "-Q", "reindex,rank")
         started = time.monotonic()
         beats = [Beat(env, tmp_path, n) for n in (1, 2)]
 
@@ -170,7 +170,7 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
             return found.runs if found else 0
 
         wait_until(lambda: runs() >= 1, 90, "the first scheduled run")
-        index = PageIndex(r)
+        index = PageRecords(r)
         first = index.pages(TENANT)
         assert len(first) == 6
         after_first = embedded_texts.copy()
@@ -194,7 +194,7 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
             while not stop.is_set():
                 args = (TENANT, QUERY, 50, {})
                 hits = client.send_task("webctx.index.search", args=args,
-                                        queue="index").get(timeout=30)  # fmt: skip
+                                        queue="rank").get(timeout=30)  # fmt: skip
                 p1 = {h["content_sha256"] for h in hits if h["url"].endswith("/p1.html")}
                 seen.update(p1)
                 searches.append(len(hits))

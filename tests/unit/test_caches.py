@@ -11,11 +11,11 @@ from tests.factories import make_page
 from webctx.jobs.caches import (
     FAILURE_TTL_S,
     REVALIDATE_WINDOWS,
-    IndexedPages,
     PageCache,
     RememberedFailure,
     SearchCache,
     StaleEntry,
+    StoredPages,
 )
 from webctx.models import Page, SearchResult
 
@@ -93,26 +93,26 @@ def test_a_failed_download_is_remembered_until_the_page_is_fetched() -> None:
     assert cache.failure(url) is None  # a fresh page wins over a later failure
 
 
-def test_indexed_pages_are_known_per_store_model_and_chunking_until_forgotten() -> None:
+def test_stored_pages_are_known_per_store_model_and_chunking_until_forgotten() -> None:
     client = _client()
-    here = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
-    other_model = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m2", "64/0"))
-    other_chunks = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "256/32"))
+    here = StoredPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
+    other_model = StoredPages(client, ttl_s=3600, scope=("/q", "chunks", "m2", "64/0"))
+    other_chunks = StoredPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "256/32"))
     here.mark("sha-a", 12)
     assert here.chunks("sha-a") == 12 and here.chunks("sha-b") is None
     assert other_model.chunks("sha-a") is None and other_chunks.chunks("sha-a") is None
     other_model.mark("sha-a", 12)
     here.forget(["sha-a"])
     assert here.chunks("sha-a") is None and other_model.chunks("sha-a") is None
-    off = IndexedPages(client, ttl_s=0, scope=("/q",))
+    off = StoredPages(client, ttl_s=0, scope=("/q",))
     off.mark("sha-c", 1)
     assert off.chunks("sha-c") is None
 
 
 def test_a_forgotten_store_voids_its_marks_and_keeps_later_ones() -> None:
     client = _client()
-    here = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
-    elsewhere = IndexedPages(client, ttl_s=3600, scope=("/other", "chunks", "m1", "64/0"))
+    here = StoredPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
+    elsewhere = StoredPages(client, ttl_s=3600, scope=("/other", "chunks", "m1", "64/0"))
     here.mark("sha-a", 12)
     elsewhere.mark("sha-a", 7)
     # A mark written before epochs existed (a bare count) holds until the first reset.
@@ -124,7 +124,7 @@ def test_a_forgotten_store_voids_its_marks_and_keeps_later_ones() -> None:
     here.mark("sha-a", 12)
     assert here.chunks("sha-a") == 12
     # Another process's view of the same scope agrees (the epoch lives in Redis).
-    again = IndexedPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
+    again = StoredPages(client, ttl_s=3600, scope=("/q", "chunks", "m1", "64/0"))
     assert again.chunks("sha-a") == 12
 
 

@@ -22,6 +22,13 @@ def test_each_stage_task_routes_to_its_own_queue_binding() -> None:
         assert (route["queue"].exchange.name, route["queue"].routing_key) == (queue, queue)
 
 
+def test_index_search_reads_beside_rank_and_re_index_runs_have_their_queue() -> None:
+    route = app.amqp.router.route
+    assert route({}, "webctx.index.search")["queue"].name == "rank"
+    for task in ("webctx.index.tick", "webctx.index.refresh", "webctx.index.forget"):
+        assert route({}, task)["queue"].name == "reindex"
+
+
 def test_tasks_are_acked_late_and_redelivered_when_the_worker_dies() -> None:
     conf = app.conf
     assert conf.task_acks_late and conf.task_reject_on_worker_lost

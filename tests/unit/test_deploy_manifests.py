@@ -79,13 +79,14 @@ def test_compose_runs_a_worker_per_stage_with_the_right_pool_and_qdrant_server()
     for stage, pool in pools.items():
         svc = services[f"worker-{stage}"]
         cmd = svc["command"]
-        assert cmd[:3] == ["worker", "-Q", stage]
+        assert cmd[:2] == ["worker", "-Q"] and cmd[2].split(",")[0] == stage
         assert cmd[cmd.index("--pool") + 1] == pool
         env = svc["environment"]
         assert env["WEBCTX_QDRANT_URL"] == "http://qdrant:6333"  # never the embedded engine
         assert env["WEBCTX_METRICS_PORT"] == "9100"
         assert ("PROMETHEUS_MULTIPROC_DIR" in env) == (pool == "prefork")
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
+    assert services["worker-store"]["command"][2] == "store,reindex"  # re-index runs too
     assert services["beat"]["entrypoint"] == ["celery"]
     assert services["beat"]["command"][:3] == ["-A", "webctx.workers.app", "beat"]
     assert "--appendonly yes" in " ".join(services["redis"]["command"])
@@ -143,7 +144,8 @@ def test_k8s_base_scales_each_stage_alone_with_probes_limits_and_budgets() -> No
         args = deployments[f"webctx-worker-{stage}"]["spec"]["template"]["spec"]["containers"][0][
             "args"
         ]
-        assert args[:3] == ["worker", "-Q", stage]
+        queues = {"store": "store,reindex"}.get(stage, stage)  # the store workers re-index
+        assert args[:3] == ["worker", "-Q", queues]
 
 
 # The fields of keda.sh/v1alpha1 ScaledObject these manifests use (hand-written from KEDA's
@@ -201,11 +203,16 @@ def test_keda_and_hpa_scale_every_worker_on_its_own_queue() -> None:
         jsonschema.validate(obj, SCALED_OBJECT)
         assert obj["spec"]["scaleTargetRef"]["name"] in deployments
         assert obj["spec"]["triggers"][0]["metadata"]["listName"] == stage
+    store_triggers = scaled["webctx-worker-store"]["spec"]["triggers"]
+    assert [t["metadata"]["listName"] for t in store_triggers] == ["store", "reindex"]
     hpas = by_kind(render(K8S / "hpa"), "HorizontalPodAutoscaler")
     for stage in STAGES:
         metric = hpas[f"webctx-worker-{stage}"]["spec"]["metrics"][0]["external"]["metric"]
         assert metric["name"] == "webctx_queue_depth"
         assert metric["selector"]["matchLabels"] == {"queue": stage}
+    store_metrics = hpas["webctx-worker-store"]["spec"]["metrics"]
+    assert [m["external"]["metric"]["selector"]["matchLabels"]["queue"]
+            for m in store_metrics] == ["store", "reindex"]  # fmt: skip
 
 
 @pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl not installed")

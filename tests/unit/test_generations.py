@@ -18,10 +18,10 @@ from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.index.generations import Change, Commit, tenant_key
-from webctx.index.page_records import IndexedPage, PageIndex
+from webctx.index.page_records import PageRecord, PageRecords
 from webctx.index.refresh import IndexContext
 from webctx.index.search import search_index
-from webctx.jobs.caches import IndexedPages
+from webctx.jobs.caches import StoredPages
 from webctx.models import Chunk, Page, StoredChunk
 from webctx.protocols import IndexStore
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
@@ -53,15 +53,15 @@ def store_page(store: IndexStore, page: Page) -> None:
     store.upsert_sparse(points)
 
 
-def record_of(page: Page, url: str | None = None) -> IndexedPage:
+def record_of(page: Page, url: str | None = None) -> PageRecord:
     now = time.time()
-    return IndexedPage(url=url or page.url, source_id="s", content_sha256=page.content_sha256,
+    return PageRecord(url=url or page.url, source_id="s", content_sha256=page.content_sha256,
                        model="hash-embedding", fetched_at=now, changed_at=now,
                        title=page.title, site=page.site)  # fmt: skip
 
 
 def ctx_for(r: redis.Redis, store: IndexStore) -> IndexContext:
-    return IndexContext(index=PageIndex(r), stored_pages=IndexedPages(r, ttl_s=60, scope=["s"]),
+    return IndexContext(records=PageRecords(r), stored_pages=StoredPages(r, ttl_s=60, scope=["s"]),
                         fetcher=None,  # type: ignore[arg-type]
                         embedder=HashEmbedder(model="hash-embedding"), store=store,
                         chunking=ChunkSettings(), embedding=EmbedSettings(),
@@ -82,13 +82,13 @@ def test_unfiltered_search_never_lists_the_tenants_pages(
              for i in range(5)]  # fmt: skip
     for page in pages:
         store_page(store, page)
-        ctx.index.commit(TENANT, page.url, store=store, record=record_of(page), page=page,
+        ctx.records.commit(TENANT, page.url, store=store, record=record_of(page), page=page,
                          grace_s=60.0)  # fmt: skip
 
     def listed(*args: object, **kwargs: object) -> None:
-        raise AssertionError("an unfiltered search read every pointer")
+        raise AssertionError("an unfiltered search read every page record")
 
-    monkeypatch.setattr(PageIndex, "pages", listed)
+    monkeypatch.setattr(PageRecords, "pages", listed)
     hits = search_index("words", tenant=TENANT, ctx=ctx, limit=50)
     assert {h.content_sha256 for h in hits} == {p.content_sha256 for p in pages}
     assert {h.url for h in hits} == {p.url for p in pages} and all(h.source_id for h in hits)
@@ -100,7 +100,7 @@ def test_a_commit_left_half_done_is_replayed_and_never_surfaces_early(r: redis.R
     old = make_page(url="https://s.test/p", text="old text", title="old")
     new = make_page(url="https://s.test/p", text="new text", title="new")
     store_page(store, old)
-    ctx.index.commit(TENANT, old.url, store=store, record=record_of(old), page=old, grace_s=60)
+    ctx.records.commit(TENANT, old.url, store=store, record=record_of(old), page=old, grace_s=60)
     store_page(store, new)
     # A committer journals and marks generation 2, then dies before its MULTI.
     plan = Commit(generation=2, live={new.content_sha256: "example.org"},
@@ -108,15 +108,15 @@ def test_a_commit_left_half_done_is_replayed_and_never_surfaces_early(r: redis.R
                   changes=[Change(url=old.url, record=record_of(new).model_dump_json(),
                                   new_sha=new.content_sha256,
                                   old_sha=old.content_sha256)])  # fmt: skip
-    ctx.index.generations.journal(TENANT, plan)
+    ctx.records.generations.journal(TENANT, plan)
     store.mark_pages(tenant_key=TK, generation=2, live=plan.live, dead=plan.dead)
     assert seen_hashes(ctx) == {old.content_sha256}  # generation 2 is not published
     other = make_page(url="https://s.test/q", text="other text", title="other")
     store_page(store, other)
-    ctx.index.commit(TENANT, other.url, store=store, record=record_of(other), grace_s=60)
-    assert ctx.index.generations.pending(TENANT) is None
-    assert ctx.index.generations.published(TENANT) == 3
-    assert ctx.index.get(TENANT, old.url).content_sha256 == new.content_sha256  # type: ignore[union-attr]
+    ctx.records.commit(TENANT, other.url, store=store, record=record_of(other), grace_s=60)
+    assert ctx.records.generations.pending(TENANT) is None
+    assert ctx.records.generations.published(TENANT) == 3
+    assert ctx.records.get(TENANT, old.url).content_sha256 == new.content_sha256  # type: ignore[union-attr]
     assert seen_hashes(ctx) == {new.content_sha256, other.content_sha256}
 
 
@@ -125,11 +125,11 @@ def test_a_tenant_indexed_before_generations_is_marked_live_once(r: redis.Redis)
     ctx = ctx_for(r, store)
     page = make_page(url="https://s.test/p", text="legacy text", title="legacy")
     store_page(store, page)
-    ctx.index.touch(TENANT, record_of(page))  # a pointer written by the previous version
+    ctx.records.touch(TENANT, record_of(page))  # a record written by the previous version
     r.sadd(f"webctx:index:refs:{page.content_sha256}", f"{TENANT} {page.url}")
-    assert ctx.index.generations.published(TENANT) is None
+    assert ctx.records.generations.published(TENANT) is None
     assert seen_hashes(ctx) == {page.content_sha256}
-    assert ctx.index.generations.published(TENANT) == 1
+    assert ctx.records.generations.published(TENANT) == 1
 
 
 def test_two_urls_sharing_a_text_keep_it_live_until_both_leave(r: redis.Redis) -> None:
@@ -138,14 +138,14 @@ def test_two_urls_sharing_a_text_keep_it_live_until_both_leave(r: redis.Redis) -
     shared = make_page(url="https://s.test/a", text="shared text", title="shared")
     store_page(store, shared)
     for url in ("https://s.test/a", "https://s.test/b"):
-        ctx.index.commit(TENANT, url, store=store, record=record_of(shared, url), grace_s=60)
-    ctx.index.drop(TENANT, "https://s.test/a", store=store, grace_s=60)
+        ctx.records.commit(TENANT, url, store=store, record=record_of(shared, url), grace_s=60)
+    ctx.records.drop(TENANT, "https://s.test/a", store=store, grace_s=60)
     assert seen_hashes(ctx) == {shared.content_sha256}
-    ctx.index.drop(TENANT, "https://s.test/b", store=store, grace_s=60)
+    ctx.records.drop(TENANT, "https://s.test/b", store=store, grace_s=60)
     assert seen_hashes(ctx) == set()
 
 
-def test_concurrent_commits_are_grouped_and_every_pointer_lands(r: redis.Redis) -> None:
+def test_concurrent_commits_are_grouped_and_every_record_lands(r: redis.Redis) -> None:
     store = MemoryVectorStore()
     ctx = ctx_for(r, store)
     pages = [make_page(url=f"https://s.test/{i}", text=f"text {i}", title=f"t{i}")
@@ -157,15 +157,15 @@ def test_concurrent_commits_are_grouped_and_every_pointer_lands(r: redis.Redis) 
     def commit_some(part: list[Page]) -> None:
         barrier.wait()
         for page in part:
-            ctx.index.commit(TENANT, page.url, store=store, record=record_of(page), grace_s=60)
+            ctx.records.commit(TENANT, page.url, store=store, record=record_of(page), grace_s=60)
 
     threads = [threading.Thread(target=commit_some, args=(pages[i::8],)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert set(ctx.index.pages(TENANT)) == {p.url for p in pages}
-    assert 1 <= (ctx.index.generations.published(TENANT) or 0) <= 24
+    assert set(ctx.records.pages(TENANT)) == {p.url for p in pages}
+    assert 1 <= (ctx.records.generations.published(TENANT) or 0) <= 24
     assert seen_hashes(ctx) == {p.content_sha256 for p in pages}
 
 
@@ -190,7 +190,7 @@ def test_search_reads_payloads_of_the_returned_hits_only(r: redis.Redis) -> None
              for i in range(10)]  # fmt: skip
     for page in pages:
         store_page(store, page)
-        ctx.index.commit(TENANT, page.url, store=store, record=record_of(page), grace_s=60)
+        ctx.records.commit(TENANT, page.url, store=store, record=record_of(page), grace_s=60)
     hits = search_index("t3 words", tenant=TENANT, ctx=ctx, limit=4)
     assert len(hits) == 4 and len(store.retrieved) == 1 and len(store.retrieved[0]) == 4
     assert hits[0].content_sha256 == pages[3].content_sha256 and hits[0].title == "t3"

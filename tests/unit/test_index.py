@@ -1,6 +1,6 @@
 """The index: conditional re-fetch, embed only what changed, atomic swap, removal, hybrid search.
 
-A fake conditional fetcher serves a small site (pages, a sitemap); the real PageIndex runs on
+A fake conditional fetcher serves a small site (pages, a sitemap); the real PageRecords runs on
 the test Redis db; the store is the in-memory adapter (the contract tests cover the others).
 """
 
@@ -20,11 +20,11 @@ from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
 from webctx.errors import HTTPStatusError
-from webctx.index.page_records import PageIndex
+from webctx.index.page_records import PageRecords
 from webctx.index.refresh import IndexContext, refresh_source, sweep
 from webctx.index.search import search_index
 from webctx.index.sources import Source, SourceRegistry
-from webctx.jobs.caches import IndexedPages
+from webctx.jobs.caches import StoredPages
 from webctx.models import Chunk, Download, StoredChunk
 from webctx.protocols import Embeddings
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
@@ -116,8 +116,8 @@ def site() -> FakeSite:
 @pytest.fixture
 def ctx(r: redis.Redis, site: FakeSite) -> IndexContext:
     return IndexContext(
-        index=PageIndex(r),
-        stored_pages=IndexedPages(r, ttl_s=3600, scope=["test store"]),
+        records=PageRecords(r),
+        stored_pages=StoredPages(r, ttl_s=3600, scope=["test store"]),
         fetcher=site,
         embedder=CountingEmbedder(),
         store=MemoryVectorStore(),
@@ -159,12 +159,12 @@ def test_changed_page_is_replaced_and_its_old_chunks_deleted(
     site.put("/b.html", article("beta"))
     source = add_sitemap_source(r, site, ["/a.html", "/b.html"])
     refresh_source(source, ctx)
-    old = ctx.index.get(TENANT, BASE + "/a.html")
+    old = ctx.records.get(TENANT, BASE + "/a.html")
     assert old is not None
     site.put("/a.html", article("gamma", version=2))
     report = refresh_source(source, ctx)
     assert report.outcomes["changed"] == 1 and report.outcomes["not_modified"] == 1
-    new = ctx.index.get(TENANT, BASE + "/a.html")
+    new = ctx.records.get(TENANT, BASE + "/a.html")
     assert new is not None and new.content_sha256 != old.content_sha256
     hits = search_index("gamma facts", tenant=TENANT, ctx=ctx, limit=50)
     assert {h.content_sha256 for h in hits if h.url.endswith("/a.html")} == {new.content_sha256}
@@ -197,10 +197,10 @@ def test_page_gone_on_consecutive_runs_or_dropped_from_sitemap_is_removed(
     report = refresh_source(source, ctx)
     assert report.outcomes["missing"] == 1  # one 404 is not enough
     assert report.outcomes["removed"] == 1  # c left the sitemap
-    assert set(ctx.index.pages(TENANT)) == {BASE + "/a.html", BASE + "/b.html"}
+    assert set(ctx.records.pages(TENANT)) == {BASE + "/a.html", BASE + "/b.html"}
     report = refresh_source(source, ctx)
     assert report.outcomes["removed"] == 1
-    assert set(ctx.index.pages(TENANT)) == {BASE + "/b.html"}
+    assert set(ctx.records.pages(TENANT)) == {BASE + "/b.html"}
     hits = search_index("a paragraph", tenant=TENANT, ctx=ctx, limit=50)
     assert {h.url for h in hits} == {BASE + "/b.html"}
 
@@ -330,7 +330,7 @@ def test_sweeping_a_replaced_page_forgets_that_research_jobs_stored_it(
     source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=60)
     refresh_source(source, ctx)
     (old,) = {h.content_sha256 for h in search_index("sweep facts", tenant=TENANT, ctx=ctx)}
-    known = IndexedPages(r, ttl_s=3600, scope=("store", "model", "64/0"))
+    known = StoredPages(r, ttl_s=3600, scope=("store", "model", "64/0"))
     known.mark(old, 3)
     site.put("/a.html", article("sweep", version=2))
     refresh_source(source, ctx)

@@ -98,7 +98,8 @@ def _dense(vector: object) -> list[float]:
 
 
 class EdgeVectorStore:
-    """Points in a qdrant-edge shard at `path`, cosine distance, content_sha256 indexed."""
+    """Points in a qdrant-edge shard at `path`, cosine distance, a keyword field index on
+    content_sha256 and site."""
 
     def __init__(
         self, path: Path, *, dimensions: int | None = None, datatype: VectorDatatype = "float32"
@@ -111,7 +112,7 @@ class EdgeVectorStore:
         self._guard = threading.Lock()
         self._shard: qe.EdgeShard | None = None
         self._sparse: qe.EdgeShard | None = None
-        self._marked: set[str] = set()  # tenant keys whose mark fields are indexed
+        self._marked: set[str] = set()  # tenant keys whose mark fields have field indexes
         try:
             if (path / _CONFIG_FILE).exists():
                 self._shard = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
@@ -272,7 +273,7 @@ class EdgeVectorStore:
             integer = qe.PayloadSchemaType.Integer
             for shard in shards:
                 fields = {from_key(tenant_key): integer, until_key(tenant_key): integer}
-                _index_fields(shard, fields)
+                _create_field_indexes(shard, fields)
             if len(shards) == 2:
                 self._marked.add(tenant_key)
         for shard in shards:
@@ -362,10 +363,10 @@ class EdgeVectorStore:
 
     @staticmethod
     def _open(shard: qe.EdgeShard) -> qe.EdgeShard:
-        # Without the keyword index a filtered search scans every point (140 ms vs 0.3 ms
+        # Without the keyword field index a filtered search scans every point (140 ms vs 0.3 ms
         # at 50k points), so also add it to a shard that lacks it.
         keyword = qe.PayloadSchemaType.Keyword
-        _index_fields(shard, {CONTENT_KEY: keyword, SITE_KEY: keyword})
+        _create_field_indexes(shard, {CONTENT_KEY: keyword, SITE_KEY: keyword})
         return shard
 
     def _unlock(self) -> None:
@@ -399,8 +400,11 @@ def _keep_marks_upsert(
             _engine(functools.partial(shard.update, merge))
 
 
-def _index_fields(shard: qe.EdgeShard, fields: Mapping[str, qe.PayloadSchemaType]) -> None:
-    """Create the payload indexes the shard lacks (a filter on an unindexed field scans)."""
+def _create_field_indexes(
+    shard: qe.EdgeShard, fields: Mapping[str, qe.PayloadSchemaType]
+) -> None:
+    """Create the payload (field) indexes the shard lacks: a filter on a field without one
+    scans every point."""
     schema = _engine(shard.info).payload_schema
     for name, kind in fields.items():
         if name not in schema:

@@ -2,7 +2,8 @@
 mode), in every role (VectorStore, IndexWriter, IndexReader).
 
 The collection is created at the first upsert, when the vector dimension becomes known,
-with cosine distance and a keyword index on content_sha256 (the filter of every search).
+with cosine distance and a keyword field index on content_sha256 (the filter of every
+search).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def _dense(vector: object) -> list[float]:
 
 
 class QdrantVectorStore:
-    """Points in one Qdrant collection, cosine distance, content_sha256 indexed."""
+    """Points in one Qdrant collection, cosine distance, a keyword field index on
+    content_sha256 and site."""
 
     def __init__(
         self, client: QdrantClient, *, collection: str, datatype: VectorDatatype = "float32"
@@ -91,7 +93,7 @@ class QdrantVectorStore:
         self._ready = False  # the collection is known to exist
         self._sparse_ready = False
         self._guard = threading.Lock()
-        self._indexed: set[tuple[str, str]] = set()  # (collection, field) known indexed
+        self._field_indexes: set[tuple[str, str]] = set()  # (collection, field) created
 
     def upsert(self, points: Sequence[StoredChunk]) -> None:
         """Insert or overwrite points by id; the first upsert creates the collection."""
@@ -216,7 +218,7 @@ class QdrantVectorStore:
                               (self._sparse_name, self._sparse_exists())):  # fmt: skip
             if not present:
                 continue
-            self._index_fields(name, fields)
+            self._create_field_indexes(name, fields)
             ops: list[models.UpdateOperation] = [
                 models.SetPayloadOperation(set_payload=models.SetPayload(
                     payload={from_key(tenant_key): generation, SITE_KEY: site},
@@ -256,12 +258,15 @@ class QdrantVectorStore:
             _client(functools.partial(self.client.batch_update_points, name,
                                       update_operations=ops, wait=True))  # fmt: skip
 
-    def _index_fields(self, name: str, fields: Mapping[str, models.PayloadSchemaType]) -> None:
+    def _create_field_indexes(
+        self, name: str, fields: Mapping[str, models.PayloadSchemaType]
+    ) -> None:
+        """Create the payload (field) indexes a collection lacks, once per process."""
         for field, kind in fields.items():
-            if (name, field) not in self._indexed:
+            if (name, field) not in self._field_indexes:
                 _client(functools.partial(self.client.create_payload_index, name, field,
                                           field_schema=kind, wait=True))  # fmt: skip
-                self._indexed.add((name, field))
+                self._field_indexes.add((name, field))
 
     def rank_live_sparse(self, text: str, *, limit: int, scope: IndexScope) -> list[str]:
         """Point ids of the best BM25 matches among the scope's live pages, best first, without
@@ -331,7 +336,7 @@ class QdrantVectorStore:
                 if not _client(lambda: self.client.collection_exists(self._sparse_name)):
                     raise
             keyword = models.PayloadSchemaType.KEYWORD
-            self._index_fields(self._sparse_name, {CONTENT_KEY: keyword, SITE_KEY: keyword})
+            self._create_field_indexes(self._sparse_name, {CONTENT_KEY: keyword, SITE_KEY: keyword})
             self._sparse_ready = True
 
     def _exists(self) -> bool:
@@ -358,9 +363,9 @@ class QdrantVectorStore:
             if not _client(lambda: self.client.collection_exists(self.collection)):
                 raise
         # Idempotent, so also run when another worker won the race (it may have died before
-        # indexing): without the index every filtered search scans the whole collection.
+        # indexing): without the field index every filtered search scans the whole collection.
         keyword = models.PayloadSchemaType.KEYWORD
-        self._index_fields(self.collection, {CONTENT_KEY: keyword, SITE_KEY: keyword})
+        self._create_field_indexes(self.collection, {CONTENT_KEY: keyword, SITE_KEY: keyword})
 
 
 def _pages(hashes: Sequence[str]) -> models.Filter:

@@ -14,10 +14,10 @@ A swap of URL u from hash A to B, under the tenant's commit lock (swaps that wai
 lock meanwhile are committed together, as one generation: group commit):
 
 1. B's points are stored first (by the re-index run), unmarked: no search sees them.
-2. The plan (generation G+1, the pointer switch, the marks) is journaled in Redis.
+2. The plan (generation G+1, the record switch, the marks) is journaled in Redis.
 3. B gets `from = G+1`, A (if no other URL of the tenant points at it) `until = G+1`.
    Searchers still at G see A, not B.
-4. One MULTI switches u's pointer, publishes G+1 and clears the journal: from then on
+4. One MULTI switches u's record, publishes G+1 and clears the journal: from then on
    searchers see B, not A. Never both, never neither.
 
 A commit that died between 2 and 4 is replayed from its journal by the next commit of the
@@ -66,11 +66,11 @@ def until_key(tk: str) -> str:
 
 
 class Change(BaseModel):
-    """One URL's pointer move within a commit."""
+    """One URL's record move within a commit."""
 
     url: str
     record: str | None = None
-    """The new IndexedPage JSON; None removes the URL."""
+    """The new PageRecord JSON; None removes the URL."""
     page: str | None = None
     """The new Page JSON (kept under its hash while referenced)."""
     new_sha: str | None = None
@@ -78,7 +78,7 @@ class Change(BaseModel):
 
 
 class Commit(BaseModel):
-    """Pointer moves of one tenant and the marks they need (the journal's content)."""
+    """Record moves of one tenant and the marks they need (the journal's content)."""
 
     generation: int
     changes: list[Change] = Field(default_factory=list)

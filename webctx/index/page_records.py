@@ -1,11 +1,12 @@
-"""The index's pointers: per tenant, each URL's current content hash, in Redis.
+"""The index's page records: per tenant, each URL's current page (content hash, validators,
+misses), in Redis.
 
-    webctx:index:<tenant>:pages   hash  url -> IndexedPage JSON (hash, validators, misses)
+    webctx:index:<tenant>:pages   hash  url -> PageRecord JSON (hash, validators, misses)
     webctx:index:refs:<sha>       set   "<tenant> <url>" entries pointing at that hash
     webctx:index:page:<sha>       str   the Page (text and metadata), while referenced
     webctx:index:graveyard        zset  sha -> when its points may be deleted
 
-A pointer moves only through `commit`, which also moves the tenant's live marks in the
+A record moves only through `commit`, which also moves the tenant's live marks in the
 store and publishes a new generation in the same MULTI (`webctx.index.generations`), so a search
 sees each page whole, old or new, never empty and never mixed. The old hash's points are
 deleted `grace_s` later, and only if no URL of any tenant points at them.
@@ -38,7 +39,7 @@ _GRAVEYARD = "webctx:index:graveyard"
 _BATCH = 500
 
 
-class IndexedPage(BaseModel):
+class PageRecord(BaseModel):
     """What the index knows of one URL of a tenant."""
 
     url: str
@@ -62,7 +63,7 @@ class _Ticket:
     """One commit request waiting for the tenant's lock (or for another thread's batch)."""
 
     url: str
-    record: IndexedPage | None
+    record: PageRecord | None
     page: Page | None
     grace_s: float
     old: str | None = None
@@ -70,12 +71,12 @@ class _Ticket:
     error: BaseException | None = None
 
 
-Seen = tuple[str, IndexedPage]
+Seen = tuple[str, PageRecord]
 """A record as read (its raw JSON, to compare-and-set against) and parsed."""
 
 
-class PageIndex:
-    """The URL -> current content hash pointers of every tenant, in Redis."""
+class PageRecords:
+    """Every tenant's page records (URL -> its current page), in Redis."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
@@ -95,15 +96,15 @@ class PageIndex:
     def _page(sha: str) -> str:
         return f"webctx:index:page:{sha}"
 
-    def get(self, tenant: str, url: str) -> IndexedPage | None:
+    def get(self, tenant: str, url: str) -> PageRecord | None:
         """The current record of one URL."""
         raw = self._redis.hget(self._pages(tenant), url)
-        return IndexedPage.model_validate_json(cast(str, raw)) if raw else None
+        return PageRecord.model_validate_json(cast(str, raw)) if raw else None
 
-    def pages(self, tenant: str) -> dict[str, IndexedPage]:
+    def pages(self, tenant: str) -> dict[str, PageRecord]:
         """url -> record of every indexed page of the tenant, read at one instant."""
         raw = cast(dict[str, str], self._redis.hgetall(self._pages(tenant)))
-        return {url: IndexedPage.model_validate_json(v) for url, v in raw.items()}
+        return {url: PageRecord.model_validate_json(v) for url, v in raw.items()}
 
     def seen(self, tenant: str, urls: Sequence[str]) -> dict[str, Seen]:
         """url -> (raw, record) of those of `urls` that are indexed (HMGET in batches)."""
@@ -113,7 +114,7 @@ class PageIndex:
             values = cast(list[str | None], self._redis.hmget(self._pages(tenant), batch))
             for url, raw in zip(batch, values, strict=True):
                 if raw:
-                    out[url] = (raw, IndexedPage.model_validate_json(raw))
+                    out[url] = (raw, PageRecord.model_validate_json(raw))
         return out
 
     def urls(self, tenant: str) -> list[str]:
@@ -125,12 +126,12 @@ class PageIndex:
         raw = self._redis.get(self._page(sha))
         return Page.model_validate_json(cast(str, raw)) if raw else None
 
-    def touch(self, tenant: str, record: IndexedPage) -> None:
+    def touch(self, tenant: str, record: PageRecord) -> None:
         """Rewrite a record whose content hash did not change (validators, times, misses)."""
         self._redis.hset(self._pages(tenant), record.url, record.model_dump_json())
 
-    def touch_many(self, tenant: str, updates: Sequence[tuple[str, IndexedPage]]) -> int:
-        """Rewrite records, each only if still exactly as read (raw JSON): a pointer some
+    def touch_many(self, tenant: str, updates: Sequence[tuple[str, PageRecord]]) -> int:
+        """Rewrite records, each only if still exactly as read (raw JSON): a record some
         other run moved meanwhile is left alone. One round trip per 500; returns how many."""
         written = 0
         for start in range(0, len(updates), _BATCH):
@@ -144,14 +145,14 @@ class PageIndex:
         """A hash about to be pointed at again must not be swept meanwhile."""
         self._redis.zrem(_GRAVEYARD, sha)
 
-    # -- pointer moves: the commit protocol ------------------------------------------------
+    # -- record moves: the commit protocol -------------------------------------------------
     def commit(
         self,
         tenant: str,
         url: str,
         *,
         store: IndexWriter,
-        record: IndexedPage | None,
+        record: PageRecord | None,
         page: Page | None = None,
         grace_s: float,
     ) -> str | None:
@@ -182,7 +183,7 @@ class PageIndex:
         self._recover(tenant, store)
         urls = list(dict.fromkeys(t.url for t in batch))
         raws = cast(list[str | None], self._redis.hmget(self._pages(tenant), urls))
-        current = {u: IndexedPage.model_validate_json(raw).content_sha256
+        current = {u: PageRecord.model_validate_json(raw).content_sha256
                    for u, raw in zip(urls, raws, strict=True) if raw}  # fmt: skip
         changes, sites = [], {}
         for ticket in batch:
@@ -237,7 +238,7 @@ class PageIndex:
                       changes=changes, live=live, dead=dead, grace_s=grace_s)  # fmt: skip
 
     def _apply(self, tenant: str, plan: Commit) -> None:
-        """The pointer switches and the publication, in one MULTI (idempotent: replayable)."""
+        """The record switches and the publication, in one MULTI (idempotent: replayable)."""
         pipe = self._redis.pipeline(transaction=True)
         for change in plan.changes:
             member = f"{tenant} {change.url}"
@@ -329,7 +330,7 @@ class PageIndex:
             pipe.get(self.generations.key(tenant))
             pipe.hgetall(self._pages(tenant))
             raw_gen, raw_pages = pipe.execute()
-            records = [IndexedPage.model_validate_json(v) for v in raw_pages.values()]
+            records = [PageRecord.model_validate_json(v) for v in raw_pages.values()]
             hashes = sorted(select(records, source_id=source_id, published_from=published_from,
                                    published_to=published_to))  # fmt: skip
             generation = int(raw_gen) if raw_gen is not None else None
@@ -346,7 +347,7 @@ class PageIndex:
         return IndexScope(tenant_key(tenant), generation,
                           site=site_of(site) if site else None, content_sha256s=hashes)  # fmt: skip
 
-    def records_of(self, tenant: str, hashes: Sequence[str]) -> dict[str, IndexedPage]:
+    def records_of(self, tenant: str, hashes: Sequence[str]) -> dict[str, PageRecord]:
         """sha -> a record of the tenant pointing at it (a search's hits' metadata), read in
         one round trip; a hash switched away from since the search is described from its
         stored Page."""
@@ -357,16 +358,16 @@ class PageIndex:
             keys=[self._pages(tenant), *(self._refs(sha) for sha in unique)],
             args=[f"{tenant} ", *unique],
         ))  # fmt: skip
-        return {sha: IndexedPage.model_validate_json(raw) if raw else self._described(sha)
+        return {sha: PageRecord.model_validate_json(raw) if raw else self._described(sha)
                 for sha, raw in zip(unique, raws, strict=True)}  # fmt: skip
 
-    def _described(self, sha: str) -> IndexedPage:
+    def _described(self, sha: str) -> PageRecord:
         page = self.stored_page(sha)
         now = time.time()
         if page is None:
-            return IndexedPage(url="", source_id="", content_sha256=sha, model="",
+            return PageRecord(url="", source_id="", content_sha256=sha, model="",
                                fetched_at=now, changed_at=now)  # fmt: skip
-        return IndexedPage(url=page.url, source_id="", content_sha256=sha, model="",
+        return PageRecord(url=page.url, source_id="", content_sha256=sha, model="",
                            fetched_at=now, changed_at=now, title=page.title, site=page.site,
                            published=page.published)  # fmt: skip
 
@@ -378,7 +379,7 @@ class PageIndex:
         source_id: str | None = None,
         published_from: str | None = None,
         published_to: str | None = None,
-    ) -> dict[str, IndexedPage]:
+    ) -> dict[str, PageRecord]:
         """content_sha256 -> record of the tenant's current pages matching the filters."""
         return select(self.pages(tenant).values(), site=site, source_id=source_id,
                       published_from=published_from, published_to=published_to)  # fmt: skip
@@ -395,15 +396,15 @@ class PageIndex:
 
 
 def select(
-    records: Iterable[IndexedPage],
+    records: Iterable[PageRecord],
     *,
     site: str | None = None,
     source_id: str | None = None,
     published_from: str | None = None,
     published_to: str | None = None,
-) -> dict[str, IndexedPage]:
+) -> dict[str, PageRecord]:
     """content_sha256 -> record of the records matching the filters."""
-    out: dict[str, IndexedPage] = {}
+    out: dict[str, PageRecord] = {}
     for record in records:
         if site and site_of(record.site) != site_of(site):
             continue

@@ -1,10 +1,10 @@
 """The persistent index: per tenant, each URL's current content hash, re-indexed on schedule.
 
-Pointers (`webctx.index.page_records`) map each URL of a tenant to a content hash; points are
+Page records (`webctx.index.page_records`) map each URL of a tenant to a content hash; points are
 content-addressed (UUIDv5 of content hash, offsets, model) and carry per-tenant live
 marks (`webctx.index.generations`). A changed page is embedded and upserted under its NEW hash
 first, unmarked; then one commit marks it live (and the old hash not) for the next
-generation and publishes that generation with the pointer switch in one MULTI. A search
+generation and publishes that generation with the record switch in one MULTI. A search
 reads the published generation once and filters the store by it: each page whole, old or
 new, never empty and never mixed, without listing the tenant's pages. The old hash's
 points are deleted `grace_s` later, and only if nothing points at them any more.
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from webctx.errors import FetchError, HTTPStatusError
-from webctx.index.page_records import IndexedPage, PageIndex, Seen
+from webctx.index.page_records import PageRecord, PageRecords, Seen
 from webctx.index.sources import Source, discover_urls
-from webctx.jobs.caches import IndexedPages
+from webctx.jobs.caches import StoredPages
 from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.models import Download, Page
 from webctx.net.ratelimit import RedisRateLimiter
@@ -48,7 +48,7 @@ from webctx.stages.store import make_points
 logger = logging.getLogger(__name__)
 
 
-def hashes_of(records: Iterable[IndexedPage]) -> list[str]:
+def hashes_of(records: Iterable[PageRecord]) -> list[str]:
     """The distinct content hashes of some records."""
     return sorted({r.content_sha256 for r in records})
 
@@ -62,8 +62,8 @@ GONE_STATUSES = frozenset({404, 410})
 class IndexContext:
     """The collaborators of a re-index run (built once per worker process)."""
 
-    index: PageIndex
-    stored_pages: IndexedPages
+    records: PageRecords
+    stored_pages: StoredPages
     """The marks of pages known to be stored: a sweep voids those of the pages it deletes."""
     fetcher: ConditionalFetcher
     embedder: Embedder
@@ -107,7 +107,7 @@ class UrlResult:
     fetched: int = 0
     chunks: int = 0
     requests: int = 0
-    touch: tuple[str, IndexedPage] | None = None
+    touch: tuple[str, PageRecord] | None = None
 
 
 def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
@@ -122,7 +122,7 @@ def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
         return report  # the pages stay as they are: a flaky sitemap removes nothing
     report.discovered = len(found.urls)
     results = _reindex_urls(source, found.urls, ctx)
-    ctx.index.touch_many(source.tenant, [r.touch for r in results if r.touch])
+    ctx.records.touch_many(source.tenant, [r.touch for r in results if r.touch])
     for result in results:
         report.outcomes[result.outcome] += 1
         report.fetched += result.fetched
@@ -138,7 +138,7 @@ def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
 
 def _reindex_urls(source: Source, urls: list[str], ctx: IndexContext) -> list[UrlResult]:
     """Revalidate every URL; settle 304s and errors here, index changed pages in a pool."""
-    seen = ctx.index.seen(source.tenant, urls)
+    seen = ctx.records.seen(source.tenant, urls)
     requests = [_revalidation(url, seen.get(url)) for url in urls]
     workers = max(1, ctx.settings.concurrency)
     results: list[UrlResult] = []
@@ -190,10 +190,10 @@ def _revalidate(
 
 def _drop_unlisted(source: Source, listed: set[str], ctx: IndexContext) -> int:
     """Remove the source's pages its (complete) sitemap no longer lists."""
-    unlisted = [u for u in ctx.index.urls(source.tenant) if u not in listed]
+    unlisted = [u for u in ctx.records.urls(source.tenant) if u not in listed]
     dropped = 0
-    for url, (_, record) in ctx.index.seen(source.tenant, unlisted).items():
-        if record.source_id == source.source_id and ctx.index.drop(
+    for url, (_, record) in ctx.records.seen(source.tenant, unlisted).items():
+        if record.source_id == source.source_id and ctx.records.drop(
             source.tenant, url, store=ctx.store, grace_s=ctx.settings.grace_s
         ):
             dropped += 1
@@ -210,7 +210,7 @@ def settle_url(
         if fetched.status not in GONE_STATUSES or prev is None:
             return UrlResult("failed")
         if prev.misses + 1 >= ctx.settings.gone_after:
-            ctx.index.drop(source.tenant, url, store=ctx.store, grace_s=ctx.settings.grace_s)
+            ctx.records.drop(source.tenant, url, store=ctx.store, grace_s=ctx.settings.grace_s)
             return UrlResult("removed")
         missed = prev.model_copy(update={"misses": prev.misses + 1})
         return UrlResult("missing", touch=(raw, missed))
@@ -237,20 +237,20 @@ def index_download(
         touched = prev.model_copy(update={**validators, "fetched_at": now, "misses": 0})
         return UrlResult("unchanged", fetched=1, touch=(raw, touched))
     chunks, requests = _store_page(page, ctx)
-    record = IndexedPage(
+    record = PageRecord(
         url=url, source_id=source.source_id, content_sha256=page.content_sha256,
         model=ctx.embedder.model, etag=page.etag, last_modified=page.last_modified,
         fetched_at=now, changed_at=now, chunks=chunks, title=page.title, site=page.site,
         published=page.published,
     )  # fmt: skip
-    old = ctx.index.commit(source.tenant, url, store=ctx.store, record=record, page=page,
+    old = ctx.records.commit(source.tenant, url, store=ctx.store, record=record, page=page,
                            grace_s=ctx.settings.grace_s)  # fmt: skip
     return UrlResult("changed" if old else "added", fetched=1, chunks=chunks, requests=requests)
 
 
 def _store_page(page: Page, ctx: IndexContext) -> tuple[int, int]:
-    """Dense and sparse points of a page under its content hash, before any pointer moves."""
-    ctx.index.revive(page.content_sha256)
+    """Dense and sparse points of a page under its content hash, before any record moves."""
+    ctx.records.revive(page.content_sha256)
     outcome = index_page(page, embedder=ctx.embedder, store=ctx.store, chunking=ctx.chunking,
                          embedding=ctx.embedding, cache=ctx.cache,
                          limiter=ctx.limiter)  # fmt: skip
@@ -282,7 +282,7 @@ def optimize_if_due(store: object, *, after: int = OPTIMIZE_AFTER) -> bool:
 
 def sweep(ctx: IndexContext) -> int:
     """Delete the points of hashes nothing has pointed at for the grace period."""
-    taken = ctx.index.sweepable()
+    taken = ctx.records.sweepable()
     if taken:
         ctx.store.delete_pages(taken)
         # Research jobs skip pages known to be stored: not these any more.
@@ -292,5 +292,5 @@ def sweep(ctx: IndexContext) -> int:
 
 def remove_source(source: Source, ctx: IndexContext) -> int:
     """Drop a removed source's pages from the index (points go after the grace period)."""
-    return ctx.index.drop_source(source.tenant, source.source_id, store=ctx.store,
+    return ctx.records.drop_source(source.tenant, source.source_id, store=ctx.store,
                                  grace_s=ctx.settings.grace_s)  # fmt: skip

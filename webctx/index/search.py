@@ -51,7 +51,7 @@ def search_index(
     """Hybrid search of a tenant's current pages: dense + BM25, fused by RRF."""
     if limit < 1:
         return []
-    scope = ctx.index.scope(tenant, store=ctx.store, site=site, source_id=source_id,
+    scope = ctx.records.scope(tenant, store=ctx.store, site=site, source_id=source_id,
                             published_from=published_from,
                             published_to=published_to)  # fmt: skip
     if scope is None:
@@ -69,7 +69,7 @@ def search_index(
     fused = sorted(rrf(ranks, k=RRF_K).items(), key=lambda item: -item[1])[:limit]
     points = ctx.store.retrieve([pid for pid, _ in fused])
     fused = [(pid, score) for pid, score in fused if pid in points]  # swept since: dropped
-    records = ctx.index.records_of(tenant, [points[pid].chunk.content_sha256 for pid, _ in fused])
+    records = ctx.records.records_of(tenant, [points[pid].chunk.content_sha256 for pid, _ in fused])
     out = []
     for pid, score in fused:
         point = points[pid]

@@ -1,10 +1,12 @@
-"""Shared work across jobs: a URL cache of fetched pages and a search-results cache.
+"""Shared work across jobs: a URL cache of fetched pages, a search-results cache, and the
+marks of pages known to be stored in the vector store.
 
     webctx:urlcache:<sha256(normalised url)>   hash  sha, fetched_at, etag, last_modified
     webctx:urlfail:<sha256(normalised url)>    hash  stage, reason, error (a failed download)
     webctx:urlflight:<sha256(normalised url)>  one downloader's claim (SET NX, expiring)
     webctx:searchcache:<sha256(provider, limit, query)>   JSON list of SearchResult
     webctx:indexed:<content sha>   hash  <sha256(store, model, chunking)[:16]>: chunks stored
+                                         (the stored-page marks)
 
 A page fetched within `ttl_s` is reused by any job (any tenant: the page is public web
 content, and the job store keeps it by content hash already), so a batch downloads each
@@ -187,9 +189,11 @@ class SearchCache:
         self._redis.set(self._key(query, limit), payload, ex=self.ttl_s)
 
 
-class IndexedPages:
-    """Content hash -> chunks stored, per (store, embedding model, chunking): a page already
-    in the vector store is not chunked, embedded or upserted again while the entry lives.
+class StoredPages:
+    """Stored-page marks: content hash -> chunks stored, per store scope (store, embedding
+    model, chunking). A page already in the vector store is not chunked, embedded or
+    upserted again while its mark lives. (The keys keep the name they had as "indexed"
+    marks: renaming them would drop every mark, and each page would be stored again.)
 
     `forget` must follow any deletion of a page's points (the index's page removal does);
     `forget_store` any loss of the store itself (a process that opens it empty calls it:

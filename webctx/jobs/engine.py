@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from webctx.errors import TransientError, WebctxError
-from webctx.jobs.caches import IndexedPages, PageCache, SearchCache
+from webctx.jobs.caches import PageCache, SearchCache, StoredPages
 from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.jobs.fanin import FanIn
 from webctx.jobs.staging import ChunkStaging
@@ -47,7 +47,7 @@ class Engine:
     plan: Plan
     page_cache: PageCache
     search_cache: SearchCache
-    stored: IndexedPages
+    stored: StoredPages
     """Pages known to be in this store, embedded by this model, chunked this way."""
     staging: ChunkStaging
     """Embedded pages waiting for their store task, in the same store scope."""
@@ -61,7 +61,7 @@ class Engine:
     @property
     def store(self) -> VectorStore:
         """The vector store, opened on first use. Opened empty, it voids the marks of pages
-        stored before (`IndexedPages.forget_store`): trusting them would skip embedding
+        stored before (`StoredPages.forget_store`): trusting them would skip embedding
         pages the store no longer holds, and rank would find nothing of them."""
         with self._store_lock:
             if self._store is None:

@@ -3,7 +3,7 @@
 Embedding (chunking, token counting, the provider's round trips) runs on any worker; only
 the upsert needs the vector store, and the embedded engine admits one process. So the embed
 task leaves a page's chunk spans and vectors here, under the page's content hash and the
-index scope (store, model, chunking), and sends the store task only ids: no broker message
+store scope (store, model, chunking), and sends the store task only ids: no broker message
 carries vectors. The store task rebuilds the chunks from the page text it already has.
 
 An entry lives `STAGING_TTL_S` (a day: far longer than a store task waits in its queue,

@@ -17,7 +17,7 @@ from webctx.protocols import VectorStore
 POINT_NAMESPACE = uuid.UUID("013420d6-afae-5302-ba02-3780fd76f2fb")
 
 CONTENT_KEY = "content_sha256"
-"""Payload field every adapter filters on (and indexes as a keyword)."""
+"""Payload field every adapter filters on (with a keyword field index)."""
 
 UPSERT_BATCH = 256
 
