@@ -146,7 +146,8 @@ class Settings(BaseSettings):
     job_timeout_s: float = 600.0
     worker_concurrency: int = 8
     visibility_timeout_s: int = 1800
-    """Redis broker: an unacked task is redelivered after this (TRAPS 2)."""
+    """Redis broker: an unacked task is redelivered after this, even while it still runs:
+    keep it above the task time limit."""
     task_time_limit_s: int = 600
     """Hard limit of one task; must stay below the visibility timeout."""
     max_deliveries: int = 3

@@ -11,9 +11,9 @@ test_durability.py: the worker exited and the job waited until the CLI's timeout
 Then a task received before the loss that ends after the reconnect kills it the same way
 when it acks through its old channel. Neither the requeue at close nor that ack is
 needed on Redis: each unacked message is also kept in the broker (`unacked` hash) and
-comes back after the visibility timeout (TRAPS 2), while the task may still be running
-in this process (a thread cannot be cancelled). So once the connection has been
-collected, this channel leaves its messages to that sweep.
+comes back after the visibility timeout, as any unacked message does, while the task may
+still be running in this process (a thread cannot be cancelled). So once the connection
+has been collected, this channel leaves its messages to that sweep.
 
 It also reuses one synchronous Redis client per channel (see `_Channel._create_client`).
 """

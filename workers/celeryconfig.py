@@ -22,7 +22,9 @@ result_backend = _settings.result_backend or (
     else "cache+memory://"
 )
 
-# Tasks are idempotent, so they ack late and are redelivered when a worker dies (TRAPS 1).
+# Tasks are idempotent, so they ack late and are redelivered when a worker dies: acks_late
+# alone does not requeue a task whose pool child was SIGKILLed or OOM-killed, hence
+# task_reject_on_worker_lost (the job store counts such deliveries: WEBCTX_MAX_DELIVERIES).
 task_acks_late = True
 task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
@@ -31,7 +33,8 @@ result_expires = 3600
 worker_cancel_long_running_tasks_on_connection_loss = True
 broker_connection_retry_on_startup = True
 
-# Above every task's hard time limit (TRAPS 2), set alike for broker and result backend.
+# Above every task's hard time limit, set alike for broker and result backend: an unacked
+# task is redelivered after it even while its first run goes on.
 # It also decides how soon the tasks of a SIGKILLed worker run again, so kombu's sweep
 # for expired unacked messages runs every few seconds instead of every 100 s (its default
 # is an interval of 10 s times a throttle of 10).
@@ -65,7 +68,8 @@ task_annotations = {"*": {"max_retries": _settings.task_max_retries,
                           "default_retry_delay": _settings.task_retry_backoff_s,
                           "retry_backoff_max": _settings.task_retry_backoff_max_s}}  # fmt: skip
 # Lost broker: keep reconnecting (Redis restarted); running tasks are cancelled and, being
-# unacked, come back after the visibility timeout when the broker kept them (TRAPS 3).
+# unacked, come back after the visibility timeout when the broker kept them (it must run
+# with AOF: docs/operations.md).
 broker_connection_retry = True
 broker_connection_max_retries = None  # forever, with Celery's capped backoff
 

@@ -1,5 +1,6 @@
 """Celery configuration: per-stage queues that do not leak into each other, and the
-delivery guarantees the tasks rely on (TRAPS 1, 2, 5)."""
+delivery guarantees the tasks rely on: late acks with redelivery when a worker dies, a
+visibility timeout above every time limit, one message prefetched."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The page fetcher: httpx under a hard deadline, a decoded-size cap and the address guard.
 
-Design (see TRAPS 6-8):
+Design (httpx's timeouts are per operation, decoders have no output limit, and a name
+checked before connecting can resolve elsewhere when connecting):
 - One event loop per fetcher, in a thread of its own, with one client whose pool keeps
   connections alive for `KEEPALIVE_S`: a re-index run's conditional GETs to one host reuse
   a few connections instead of opening one (and a loop) per request. `fetch` blocks the

@@ -2,7 +2,8 @@
 
 Tasks pass job and URL ids; everything they need to hand on lives here. Each fan-out
 step records completion in a set, so a redelivered task never counts twice, and the
-task whose completion fills the set starts the next stage (no chords: TRAPS 4).
+task whose completion fills the set starts the next stage (no chords: a chord's body waits
+for every header result, and one lost message would stall the job: webctx/jobs/fanin.py).
 Every key of a job expires `ttl_s` after its last write.
 """
 
@@ -392,7 +393,7 @@ class JobStore:
         """How many items of `step` are complete."""
         return int(self._redis.scard(self._k(job_id, f"done:{step}")))
 
-    # -- deliveries that died with their worker (TRAPS 1) -----------------------------------
+    # -- deliveries that died with their worker (Celery requeues those without a limit) -----
     def start_delivery(self, job_id: str, task: str, item: str) -> int:
         """Count a delivery of (task, item) as started; returns the unfinished ones so far.
 

@@ -1,6 +1,7 @@
 """The fetch stage: download a URL under the fetch policy, then extract its main text.
 
-trafilatura only ever sees the HTML string we fetched (TRAPS 9): it never downloads.
+trafilatura only ever sees the HTML string we fetched: it never downloads (its own fetcher
+would bypass the address guard, and falls back to unverified TLS).
 """
 
 from __future__ import annotations
