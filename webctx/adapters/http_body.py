@@ -1,4 +1,5 @@
-"""Response-body helpers of the fetcher: capped inflation, content-type parsing, sniffing."""
+"""What the fetcher makes of a response: capped inflation, content-type parsing, sniffing,
+the checks a 2xx head must pass and the Download a response becomes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import zlib
 from collections.abc import Mapping
 
 from webctx.errors import ContentTooLarge, UnsupportedContent
+from webctx.models import Download
 
 # fmt: off
 _BINARY_MAGIC = (b"%PDF-", b"\x89PNG", b"GIF87a", b"GIF89a", b"\xff\xd8\xff", b"PK\x03\x04",
@@ -87,3 +89,64 @@ def sniff_text_type(body: bytes) -> str:
     head = body[:1024].lower()
     markers = (b"<!doctype html", b"<html", b"<head", b"<body")
     return "text/html" if any(m in head for m in markers) else "text/plain"
+
+
+def conditional_headers(etag: str | None, last_modified: str | None) -> dict[str, str]:
+    """The request headers of a revalidation."""
+    headers: dict[str, str] = {}
+    if etag:
+        headers["If-None-Match"] = etag
+    if last_modified:
+        headers["If-Modified-Since"] = last_modified
+    return headers
+
+
+def checked_head(
+    final_url: str, headers: Mapping[str, str], types: frozenset[str], max_bytes: int
+) -> tuple[str, str | None]:
+    """The media type and charset of a 2xx response, if its type and size may be read."""
+    media, charset = parse_content_type(headers.get("content-type", ""))
+    if media and media not in types:
+        raise UnsupportedContent(final_url, f"content type {media!r}")
+    declared = declared_length(headers)
+    if declared is not None and declared > max_bytes:
+        # Compressed or not, a body this long on the wire decodes to more than the cap.
+        raise ContentTooLarge(final_url, f"Content-Length {declared} > {max_bytes}")
+    return media, charset
+
+
+def not_modified(url: str, final_url: str, headers: Mapping[str, str]) -> Download:
+    """The Download of a 304: no body, the validators the server sent."""
+    return Download(
+        url=url,
+        final_url=final_url,
+        status=304,
+        content_type="",
+        body=b"",
+        etag=headers.get("etag"),
+        last_modified=headers.get("last-modified"),
+    )
+
+
+def body_download(
+    url: str,
+    final_url: str,
+    status: int,
+    headers: Mapping[str, str],
+    media: str,
+    charset: str | None,
+    body: bytes,
+) -> Download:
+    """The Download of a 2xx body, decoded and within the cap; binary bodies are refused."""
+    if looks_binary(body[:1024]):
+        raise UnsupportedContent(final_url, f"binary body served as {media or 'untyped'}")
+    return Download(
+        url=url,
+        final_url=final_url,
+        status=status,
+        content_type=media or sniff_text_type(body),
+        body=body,
+        encoding=charset,
+        etag=headers.get("etag"),
+        last_modified=headers.get("last-modified"),
+    )

@@ -27,18 +27,17 @@ import concurrent.futures
 import contextlib
 import contextvars
 import logging
-import os
 import queue
-import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import httpcore
 import httpx
 
+from webctx.adapters.fetch_loop import FetchLoop
 from webctx.adapters.guarded_transport import (
     GuardedBackend,
     GuardedTransport,
@@ -47,19 +46,17 @@ from webctx.adapters.guarded_transport import (
 )
 from webctx.adapters.http_body import (
     BodyDecoder,
-    declared_length,
-    looks_binary,
-    parse_content_type,
-    sniff_text_type,
+    body_download,
+    checked_head,
+    conditional_headers,
+    not_modified,
 )
 from webctx.adapters.revalidate import REDIRECTS, Revalidator, drainable
 from webctx.errors import (
     BlockedURL,
-    ContentTooLarge,
     FetchError,
     FetchTimeout,
     HTTPStatusError,
-    UnsupportedContent,
 )
 from webctx.models import Download
 from webctx.net.addresses import (
@@ -119,11 +116,9 @@ class HttpxFetcher:
         # Weak values: a host's semaphore lives while some fetch holds or waits on it.
         # Only touched from the loop's thread.
         self._slots = weakref.WeakValueDictionary[str, asyncio.Semaphore]()
-        self._loop_lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_pid = 0
         self._client: httpx.AsyncClient | None = None
         self._revalidator: Revalidator | None = None
+        self._loop = FetchLoop(name="webctx-fetch-loop", on_start=self._forget_loop_state)
 
     def fetch(
         self,
@@ -139,7 +134,7 @@ class HttpxFetcher:
         304 comes back as a Download with status 304 and an empty body. `media_types`
         replaces the accepted content types (the index reads sitemaps and feeds)."""
         check_url(url)
-        headers = _conditional(etag, last_modified)
+        headers = conditional_headers(etag, last_modified)
         return self._run(self._fetch(url, headers, media_types or ACCEPTED_TYPES), url)
 
     def fetch_many(
@@ -148,17 +143,16 @@ class HttpxFetcher:
         """Revalidate many URLs on the fetcher's loop: (index, Download or FetchError) as
         each completes, at most `window` in flight or waiting to be taken. Closing the
         iterator early cancels the rest."""
-        loop = self._running_loop()
         done: queue.SimpleQueue[tuple[int, Download | FetchError]] = queue.SimpleQueue()
         gate = asyncio.Semaphore(max(1, window))
-        future = asyncio.run_coroutine_threadsafe(self._fetch_all(requests, gate, done), loop)
+        future = self._loop.submit(self._fetch_all(requests, gate, done))
         try:
             for _ in requests:
                 try:
                     item = done.get(timeout=self._settings.total_timeout_s + 5.0)
                 except queue.Empty:
                     raise FetchError("", "the fetch loop did not answer in time") from None
-                loop.call_soon_threadsafe(gate.release)
+                self._loop.call_soon(gate.release)
                 yield item
         finally:
             future.cancel()
@@ -170,7 +164,7 @@ class HttpxFetcher:
         done: queue.SimpleQueue[tuple[int, Download | FetchError]],
     ) -> None:
         async def one(i: int, req: Revalidation) -> None:
-            conditional = _conditional(req.etag, req.last_modified)
+            conditional = conditional_headers(req.etag, req.last_modified)
             try:
                 quick = await self._revalidate(req.url, conditional) if conditional else None
                 done.put((i, quick or await self._fetch(req.url, conditional, ACCEPTED_TYPES)))
@@ -197,17 +191,12 @@ class HttpxFetcher:
     def close(self) -> None:
         """Close kept-alive connections, stop the loop, release the DNS threads (a lookup
         still running is abandoned)."""
-        with self._loop_lock:
-            loop, self._loop = self._loop, None
-        if loop is not None and self._loop_pid == os.getpid():
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._close_client(), loop).result(5.0)
-            loop.call_soon_threadsafe(loop.stop)
+        self._loop.stop(self._close_client())
         self._dns.shutdown(wait=False, cancel_futures=True)
 
     def _run(self, work: Coroutine[Any, Any, T], url: str) -> T:
         """Run `work` on the fetcher's loop and wait for it (its own deadline applies)."""
-        future = asyncio.run_coroutine_threadsafe(work, self._running_loop())
+        future = self._loop.submit(work)
         try:
             # The coroutine times itself out; this bound only guards against a stuck loop.
             return future.result(timeout=self._settings.total_timeout_s + 5.0)
@@ -215,17 +204,10 @@ class HttpxFetcher:
             future.cancel()
             raise FetchTimeout(url, "the fetch loop did not answer in time") from exc
 
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        with self._loop_lock:
-            if self._loop is None or self._loop_pid != os.getpid():  # first use, or forked
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=_serve, args=(loop,), daemon=True,
-                                          name="webctx-fetch-loop")  # fmt: skip
-                thread.start()
-                self._loop, self._loop_pid, self._client = loop, os.getpid(), None
-                self._revalidator = None
-                self._slots = weakref.WeakValueDictionary()
-            return self._loop
+    def _forget_loop_state(self) -> None:
+        """A new loop (first use, or in a forked child): what belonged to the old one goes."""
+        self._client, self._revalidator = None, None
+        self._slots = weakref.WeakValueDictionary()
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
@@ -285,13 +267,13 @@ class HttpxFetcher:
         headers = answer.headers
         self._note(target.host, answer.status, headers.get("retry-after"))
         if answer.status == 304:
-            return _not_modified(url, url, headers)
+            return not_modified(url, url, headers)
         if not 200 <= answer.status < 300:
             raise HTTPStatusError(url, f"HTTP {answer.status}", status=answer.status)
-        media, charset = self._check_head(url, headers, ACCEPTED_TYPES)
+        media, charset = checked_head(url, headers, ACCEPTED_TYPES, self._settings.max_bytes)
         decoder = BodyDecoder(url, headers.get("content-encoding", ""), self._settings.max_bytes)
         decoder.feed(answer.body)
-        return _body_download(url, url, answer.status, headers, media, charset, decoder.finish())
+        return body_download(url, url, answer.status, headers, media, charset, decoder.finish())
 
     def _new_revalidator(self) -> Revalidator:
         s = self._settings
@@ -427,7 +409,7 @@ class HttpxFetcher:
         if response.status_code == 304 and conditional:
             async for _ in response.aiter_raw():  # no body (h11 knows); ends the message,
                 pass  # so the connection goes back to the pool instead of being closed
-            return _not_modified(url, final_url, response.headers)
+            return not_modified(url, final_url, response.headers)
         if not 200 <= response.status_code < 300:
             if drainable(response.headers):  # read it to its end: keep the connection
                 async for _ in response.aiter_raw():
@@ -435,27 +417,14 @@ class HttpxFetcher:
             raise HTTPStatusError(
                 final_url, f"HTTP {response.status_code}", status=response.status_code
             )
-        media, charset = self._check_head(final_url, response.headers, types)
+        media, charset = checked_head(final_url, response.headers, types, self._settings.max_bytes)
         decoder = BodyDecoder(
             final_url, response.headers.get("content-encoding", ""), self._settings.max_bytes
         )
         async for raw in response.aiter_raw():
             decoder.feed(raw)
-        return _body_download(url, final_url, response.status_code, response.headers,
+        return body_download(url, final_url, response.status_code, response.headers,
                               media, charset, decoder.finish())  # fmt: skip
-
-    def _check_head(
-        self, final_url: str, headers: Mapping[str, str], types: frozenset[str]
-    ) -> tuple[str, str | None]:
-        """The media type and charset of a 2xx response, if its type and size may be read."""
-        media, charset = parse_content_type(headers.get("content-type", ""))
-        if media and media not in types:
-            raise UnsupportedContent(final_url, f"content type {media!r}")
-        limit, declared = self._settings.max_bytes, declared_length(headers)
-        if declared is not None and declared > limit:
-            # Compressed or not, a body this long on the wire decodes to more than the cap.
-            raise ContentTooLarge(final_url, f"Content-Length {declared} > {limit}")
-        return media, charset
 
     def _note_status(self, response: httpx.Response) -> None:
         self._note(response.url.host, response.status_code, response.headers.get("retry-after"))
@@ -471,62 +440,6 @@ class HttpxFetcher:
                                               "pause_s": pause})  # fmt: skip
         else:
             pacer.ok(host)
-
-
-def _not_modified(url: str, final_url: str, headers: Mapping[str, str]) -> Download:
-    """The Download of a 304: no body, the validators the server sent."""
-    return Download(
-        url=url,
-        final_url=final_url,
-        status=304,
-        content_type="",
-        body=b"",
-        etag=headers.get("etag"),
-        last_modified=headers.get("last-modified"),
-    )
-
-
-def _body_download(
-    url: str,
-    final_url: str,
-    status: int,
-    headers: Mapping[str, str],
-    media: str,
-    charset: str | None,
-    body: bytes,
-) -> Download:
-    """The Download of a 2xx body, decoded and within the cap; binary bodies are refused."""
-    if looks_binary(body[:1024]):
-        raise UnsupportedContent(final_url, f"binary body served as {media or 'untyped'}")
-    return Download(
-        url=url,
-        final_url=final_url,
-        status=status,
-        content_type=media or sniff_text_type(body),
-        body=body,
-        encoding=charset,
-        etag=headers.get("etag"),
-        last_modified=headers.get("last-modified"),
-    )
-
-
-def _conditional(etag: str | None, last_modified: str | None) -> dict[str, str]:
-    """The request headers of a revalidation."""
-    headers: dict[str, str] = {}
-    if etag:
-        headers["If-None-Match"] = etag
-    if last_modified:
-        headers["If-Modified-Since"] = last_modified
-    return headers
-
-
-def _serve(loop: asyncio.AbstractEventLoop) -> None:
-    """The fetch loop's thread: run until `close` stops it."""
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        loop.close()
 
 
 def _checked_url(url: str) -> httpx.URL:
