@@ -277,7 +277,7 @@ def _status(client: redis.Redis, batch_id: str) -> dict[str, object]:
 
 
 def _latencies(client: redis.Redis, batch_id: str, n: int) -> list[float]:
-    from webctx.jobs.batches import item_job_id
+    from webctx.jobs.batch_items import item_job_id
     from webctx.jobs.store import JobStore
 
     jobs, out = JobStore(client), []

@@ -17,7 +17,8 @@ from kombu.exceptions import OperationalError
 
 from webctx.cli.common import fail, state_stores
 from webctx.errors import WebctxError
-from webctx.jobs.batches import BatchItem, BatchStatus, BatchStore, parse_items
+from webctx.jobs.batch_items import BatchItem, parse_items
+from webctx.jobs.batches import BatchStatus, BatchStore
 from webctx.settings import Settings, get_settings
 
 batch = typer.Typer(help="Batches: thousands of questions from a JSONL file, resumable.")

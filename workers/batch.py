@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from webctx.jobs.batches import BatchItem, BatchStore, FeedLimits
+from webctx.jobs.batch_items import BatchItem
+from webctx.jobs.batches import BatchStore, FeedLimits
 from webctx.models import JobRequest
 from webctx.settings import Settings
 from webctx.workers.app import app, broker_priority, worker_deps

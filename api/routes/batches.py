@@ -13,7 +13,8 @@ from fastapi.responses import StreamingResponse
 from webctx.api.deps import CallerDep, Runtime, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
 from webctx.errors import BatchNotFound, InvalidBatch
-from webctx.jobs.batches import BatchItem, BatchStatus, BatchStore, parse_items
+from webctx.jobs.batch_items import BatchItem, parse_items
+from webctx.jobs.batches import BatchStatus, BatchStore
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 BatchId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A batch id.")]

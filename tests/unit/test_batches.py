@@ -10,15 +10,8 @@ import fakeredis
 import pytest
 
 from webctx.errors import BatchConflict, InvalidBatch
-from webctx.jobs.batches import (
-    BatchItem,
-    BatchStore,
-    FeedLimits,
-    FeedOnItemEnd,
-    batch_of_job,
-    item_job_id,
-    parse_items,
-)
+from webctx.jobs.batch_items import BatchItem, batch_of_job, item_job_id, parse_items
+from webctx.jobs.batches import BatchStore, FeedLimits, FeedOnItemEnd
 from webctx.jobs.store import JobStore
 from webctx.models import Bundle, JobRequest, JobStatus
 

@@ -80,9 +80,7 @@ def _cached_outcome(
     return failure
 
 
-def _download(
-    engine: Engine, job_id: str, url_id: str, url: str, cache: PageCache
-) -> Page | None:
+def _download(engine: Engine, job_id: str, url_id: str, url: str, cache: PageCache) -> Page | None:
     """Download and extract `url` for the job; remember the page (or the failure). A page
     fetched before, past its window, is asked for with its validators (conditional GET)."""
     jobs = engine.jobs
