@@ -58,9 +58,7 @@ from bench.qa_web import (  # noqa: E402
     Question,
     data_dir,
     load_qa,
-    normalize,
     start_qa_web,
-    visible_text,
 )  # noqa: E402
 from bench.quality_baselines import (  # noqa: E402
     ChunkIndex,
@@ -73,6 +71,7 @@ from bench.quality_baselines import (  # noqa: E402
     token_chunker,
     variant_select,
 )
+from bench.recall_scoring import BUDGETS, Citations, Job, Tally, cells, hit, table  # noqa: E402
 from webctx.adapters.edge_store import EdgeVectorStore  # noqa: E402
 from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
 from webctx.adapters.httpx_fetcher import HttpxFetcher  # noqa: E402
@@ -84,7 +83,7 @@ from webctx.models import Bundle, BundleStats, Failure, Page  # noqa: E402
 from webctx.net.addresses import AddressPolicy  # noqa: E402
 from webctx.protocols import Embedder, VectorStore  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings  # noqa: E402
-from webctx.stages.bundle import build_bundle, validate_offsets  # noqa: E402
+from webctx.stages.bundle import build_bundle  # noqa: E402
 from webctx.stages.compose import index_page, retrieve_candidates  # noqa: E402
 from webctx.stages.fetch import fetch_page  # noqa: E402
 from webctx.stages.plan import plan_queries  # noqa: E402
@@ -92,37 +91,7 @@ from webctx.stages.rank import rank_chunks  # noqa: E402
 from webctx.stages.search import merge_results, search_query  # noqa: E402
 from webctx.stages.store import vector_lookup  # noqa: E402
 
-BUDGETS = (250, 500, 1000, 2000, 4000)
 MAX_SOURCES, MAX_QUERIES, RESULTS_PER_QUERY, TOP_K = 8, 4, 10, 200
-
-
-@dataclass
-class Job:
-    """A question with the pages the pipeline fetched for it."""
-
-    question: Question
-    queries: list[str]
-    pages: list[Page]
-    failures: list[Failure]
-    qvec: np.ndarray | None = None
-
-
-@dataclass
-class Tally:
-    """Hits per budget of one system, and the largest bundle seen per budget."""
-
-    hits: dict[int, int] = field(default_factory=dict)
-    over_budget: int = 0
-
-    def add(self, budget: int, job: Job, texts: Sequence[str], tokens: int) -> None:
-        self.hits[budget] = self.hits.get(budget, 0) + hit(job.question, texts)
-        self.over_budget += tokens > budget
-
-
-def hit(question: Question, texts: Sequence[str]) -> bool:
-    """Whether any answer string occurs in the texts (normalised)."""
-    bundle = normalize(" \n ".join(texts))
-    return any(normalize(a) in bundle for a in question.answers)
 
 
 def build_jobs(web: QAWeb, questions: Sequence[Question]) -> list[Job]:
@@ -191,37 +160,6 @@ def run_webctx(
             tally.add(budget, job, [c.text for c in bundle.chunks], bundle.stats.bundle_tokens)
             if check is not None:
                 check(job, bundle)
-
-
-@dataclass
-class Citations:
-    """Bundle chunks checked against their source text and the served HTML.
-
-    `verbatim` compares with the page's text as served (tags removed, entities decoded),
-    invisible format characters (U+200B, U+200E, U+FEFF...) included: extraction keeps them
-    (webctx.stages.format_chars)."""
-
-    web: QAWeb
-    chunks: int = 0
-    exact: int = 0
-    verbatim: int = 0
-    missing: list[str] = field(default_factory=list)
-    _served: dict[str, str] = field(default_factory=dict)
-
-    def __call__(self, job: Job, bundle: Bundle) -> None:
-        pages = {p.content_sha256: p for p in job.pages}
-        problems = validate_offsets(bundle, pages)
-        by_id = {s.id: s for s in bundle.sources}
-        self.chunks += len(bundle.chunks)
-        self.exact += len(bundle.chunks) - len(problems)
-        for chunk in bundle.chunks:
-            url = by_id[chunk.source].final_url
-            if url not in self._served:
-                self._served[url] = visible_text(self.web.served.get(url, ""))
-            seen = normalize(chunk.text) in self._served[url]
-            self.verbatim += seen
-            if not seen:
-                self.missing.append(chunk.text)
 
 
 def question_vectors(jobs: Sequence[Job], embedder: Embedder) -> None:
@@ -297,7 +235,7 @@ def run_variants(
             picks = variant_select(view, BUDGETS, variant.ranking)
             for budget, chunks in zip(BUDGETS, picks, strict=True):
                 tally.add(budget, job, [c.text for c in chunks], sum(c.tokens for c in chunks))
-        print(f"  {name}: {_cells(tally, len(jobs))}", flush=True)  # noqa: T201
+        print(f"  {name}: {cells(tally, len(jobs))}", flush=True)  # noqa: T201
     return out
 
 
@@ -305,21 +243,6 @@ def index_view(index: ChunkIndex, job: Job) -> JobView:
     """The job's chunks under `index`, scored for its question."""
     assert job.qvec is not None
     return index.view(job.pages, job.question.question, job.qvec)
-
-
-def _cells(tally: Tally, n: int) -> str:
-    return " | ".join(f"{tally.hits.get(b, 0) / n:.3f}" for b in BUDGETS)
-
-
-def _table(rows: dict[str, Tally], n: int, ceiling: float | None) -> str:
-    head = "| system | " + " | ".join(f"{b} tok" for b in BUDGETS) + " | over budget |"
-    lines = [head, "|---|" + "---:|" * (len(BUDGETS) + 1)]
-    for name, tally in rows.items():
-        lines.append(f"| {name} | {_cells(tally, n)} | {tally.over_budget} |")
-    if ceiling is not None:
-        lines.append("| ceiling (answer in fetched pages) | " + " | ".join(
-            f"{ceiling:.3f}" for _ in BUDGETS) + " | |")  # fmt: skip
-    return "\n".join(lines)
 
 
 def draw_samples(
@@ -395,12 +318,12 @@ def measure(
             check = args.citations if seed == min(runs) else None
             run.rows["webctx"] = Tally()
             run_webctx(run.jobs, embedder, store, run.rows["webctx"], check)
-            print(f"seed {seed} webctx: {_cells(run.rows['webctx'], len(run.jobs))}")  # noqa: T201
+            print(f"seed {seed} webctx: {cells(run.rows['webctx'], len(run.jobs))}")  # noqa: T201
             clock.lap("webctx: rank, bundle")
             for name, engine in engines.items():
                 run.rows[name] = Tally()
                 run_webctx(run.jobs, embedder, engine, run.rows[name], None)
-                print(f"seed {seed} {name}: {_cells(run.rows[name], len(run.jobs))}")  # noqa: T201
+                print(f"seed {seed} {name}: {cells(run.rows[name], len(run.jobs))}")  # noqa: T201
                 clock.lap("webctx on qdrant-edge: rank, bundle")
             dense, lexical = Tally(), Tally()
             run.rows["(a) 500-char chunks, cosine"] = dense
@@ -443,7 +366,7 @@ def report(runs: dict[int, SeedRun], citations: Citations, clock: Clock, web: QA
         "embedder row is a floor (lexical only, no model), not a result.\n"
     )
     for seed, run in runs.items():
-        text += f"\nSeed {seed}:\n\n" + _table(run.rows, len(run.jobs), run.ceiling) + "\n"
+        text += f"\nSeed {seed}:\n\n" + table(run.rows, len(run.jobs), run.ceiling) + "\n"
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in clock.phases.items())
     text += (
         f"\nCitations (seed {min(runs)}, every chunk of every bundle): "
@@ -459,7 +382,7 @@ def report(runs: dict[int, SeedRun], citations: Citations, clock: Clock, web: QA
     if first.variants:
         text += "\n\n### Variants\n\nChunk max/overlap tokens and ranking, same jobs and pages."
         for seed, run in runs.items():
-            text += f"\n\nSeed {seed}:\n\n" + _table(run.variants, len(run.jobs), None)
+            text += f"\n\nSeed {seed}:\n\n" + table(run.variants, len(run.jobs), None)
     return text
 
 

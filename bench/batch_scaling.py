@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._report import write_section  # noqa: E402
+from bench.batch_report import Run, report, throughput_table  # noqa: E402
+from bench.batch_workers import Workers  # noqa: E402
 from bench.qa_web import Question, data_dir, load_qa, render_html  # noqa: E402
 from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
 from webctx.devweb.embeddings import make_embeddings_app  # noqa: E402
@@ -144,128 +146,6 @@ def _questions_file(questions: list[Question], path: Path) -> Path:
     return path
 
 
-class Workers:
-    """N search/fetch/embed worker processes and one store/rank process."""
-
-    def __init__(self, env: dict[str, str], n: int, logdir: Path) -> None:
-        self.qdrant = env["WEBCTX_QDRANT_PATH"]
-        specs = [(f"io{i}", "search,fetch,embed") for i in range(n)] + [("vec", "store,rank")]
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs = [logdir / f"{name}.log" for name, _ in specs]
-        for (name, queues), log in zip(specs, self.logs, strict=True):
-            cmd = [
-                sys.executable,
-                "-m",
-                "webctx.cli",
-                "worker",
-                "-Q",
-                queues,
-                "-n",
-                f"{name}@%h",
-                "-c",
-                str(THREADS),
-                "--loglevel",
-                "INFO",  # "ready." is an INFO line
-            ]
-            with log.open("wb") as out:
-                self.procs.append(
-                    subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-                )
-        deadline = time.monotonic() + 120
-        while not all(b"ready." in log.read_bytes() for log in self.logs):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                tails = [log.read_text()[-1500:] for log in self.logs]
-                self.stop()
-                raise SystemExit(f"workers did not start: {tails}")
-            time.sleep(0.3)
-
-    def rss_mb(self) -> dict[str, float]:
-        """Resident memory by role: the largest search/fetch/embed process; the store/rank
-        one's RSS, its PSS (a page mapped twice counts once), its anonymous memory (heap),
-        and the part of its RSS that is the embedded engine's mapped files, with the
-        write-ahead log's share of that apart (file-backed: the kernel can reclaim it)."""
-        out = []
-        for proc in self.procs:
-            lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-            kb = {k: int(v.split()[0]) for k, _, v in (ln.partition(":") for ln in lines)
-                  if k in ("VmRSS", "RssAnon")}  # fmt: skip
-            out.append((kb["VmRSS"] / 1024, kb["RssAnon"] / 1024))
-        vec = self.procs[-1].pid
-        rollup = Path(f"/proc/{vec}/smaps_rollup").read_text()
-        pss = next(int(ln.split()[1]) for ln in rollup.splitlines() if ln.startswith("Pss:"))
-        engine, wal = _mapped_kb(vec, self.qdrant)
-        return {
-            "io": max(rss for rss, _ in out[:-1]),
-            "vec": out[-1][0],
-            "vec_pss": pss / 1024,
-            "vec_anon": out[-1][1],
-            "vec_engine": engine / 1024,
-            "vec_wal": wal / 1024,
-        }
-
-    def cpu_s(self) -> dict[str, float]:
-        """CPU seconds (user + system) so far by role: all search/fetch/embed processes, and
-        the store/rank one."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        out = []
-        for proc in self.procs:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out.append((int(fields[11]) + int(fields[12])) / ticks)
-        return {"io": sum(out[:-1]), "vec": out[-1]}
-
-    def stop(self) -> None:
-        """Warm shutdown of every process."""
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def _mapped_kb(pid: int, under: str) -> tuple[int, int]:
-    """Resident kB of process `pid`'s mappings of files under `under` (the engine's shards:
-    `<path>` and `<path>.sparse`), and of those in a `wal` folder."""
-    total = wal = 0
-    path = ""
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):  # a mapping
-            path = head[5] if len(head) == 6 else ""
-        elif head and head[0] == "Rss:" and path.startswith(under):
-            total += int(head[1])
-            wal += int(head[1]) if "/wal/" in path else 0
-    return total, wal
-
-
-@dataclass
-class Run:
-    """What one batch run measured."""
-
-    label: str
-    n: int
-    elapsed_s: float
-    latencies: list[float]
-    stats: dict[str, object]
-    downloads: int
-    done: int
-    failed: int
-    cpu_s: dict[str, float] | None = None
-
-    @property
-    def per_min(self) -> float:
-        """Questions finished per minute."""
-        return (self.done + self.failed) / self.elapsed_s * 60 if self.elapsed_s else 0.0
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _status(client: redis.Redis, batch_id: str) -> dict[str, object]:
     from webctx.jobs.batches import BatchStore
     from webctx.jobs.store import JobStore
@@ -304,7 +184,7 @@ def broker_run(
     client.flushdb()
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
     env = _env(web, run_dir / "q", inflight=THREADS * workers)
-    procs = Workers(env, workers, run_dir)
+    procs = Workers(env, workers, run_dir, threads=THREADS)
     extra: dict[str, float] = {}
     try:
         if probe:
@@ -411,88 +291,6 @@ def embedded_run(web: Web, questions: list[Question], n: int, tmp: Path) -> Run:
     )
 
 
-def _throughput_table(runs: list[Run]) -> str:
-    rows = [
-        "| mode | questions | done | failed | wall s | questions/min | p50 item s | "
-        "p95 item s | pages downloaded | tokens embedded | CPU s / question "
-        "(search+fetch+embed, store+rank, web) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in runs:
-        cpu = (
-            " / ".join(f"{r.cpu_s[k] / r.n:.2f}" for k in ("io", "vec", "web"))
-            if r.cpu_s
-            else "n/a"
-        )
-        rows.append(
-            f"| {r.label} | {r.n} | {r.done} | {r.failed} | {r.elapsed_s:.1f} | "
-            f"{r.per_min:.1f} | {_pct(r.latencies, 0.5):.1f} | "
-            f"{_pct(r.latencies, 0.95):.1f} | {r.downloads} | "
-            f"{r.stats['tokens_embedded']} | {cpu} |"
-        )
-    return "\n".join(rows)
-
-
-def _cost_table(runs: list[Run]) -> str:
-    rows = [
-        "| questions | pages downloaded / q | pages reused / q | tokens embedded / q | "
-        "search cache hit rate | embed cache hit rate | cost USD / q |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in runs:
-        s = {k: str(v) for k, v in r.stats.items()}
-        rows.append(
-            f"| {r.n} | {r.downloads / r.n:.2f} | {int(s['pages_reused']) / r.n:.2f} | "
-            f"{int(s['tokens_embedded']) / r.n:.0f} | {s['search_cache_hit_rate']} | "
-            f"{s['embed_cache_hit_rate']} | {float(s['cost_usd']) / r.n:.6f} |"
-        )
-    return "\n".join(rows)
-
-
-def _cpu_ceiling(most: Run, one: Run) -> str:
-    """What the CPU per question says about the most a machine this size can do."""
-    if not most.cpu_s:
-        return ""
-    per_q = sum(most.cpu_s.values()) / most.n
-    cores = os.cpu_count() or 1
-    need = 3 * one.per_min / 60 * per_q
-    return (
-        f"At {per_q:.2f} CPU s per question ({most.label}), {cores} cores cap the whole "
-        f"pipeline at about {cores / per_q * 60:.0f} questions/min; 3× the 1-worker rate "
-        f"would take {need:.1f} cores."
-    )
-
-
-def _rss_line(probe: dict[str, float], n: int) -> str:
-    def growth(a: float, b: float) -> str:
-        return f"{100 * (b / a - 1):+.0f} %" if a else "n/a"
-
-    rows = [
-        f"| batch | process | MB at item 10 | at item {n // 2} | at item {n} | growth 10→{n} | "
-        f"growth {n // 2}→{n} |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    roles = (("io", "largest search/fetch/embed process, RSS"), ("vec", "store/rank process, RSS"),
-             ("vec_pss", "store/rank process, PSS"),
-             ("vec_anon", "store/rank process, anonymous memory"),
-             ("vec_engine", "store/rank process, engine's mapped files"),
-             ("vec_wal", "of which the engine's write-ahead log"))  # fmt: skip
-    for prefix, batch in (("", "cold (index built)"), ("warm_", "warm (web indexed)")):
-        for role, name in roles:
-            early = probe.get(f"{prefix}rss10_{role}_mb", 0.0)
-            mid = probe.get(f"{prefix}rss_mid_{role}_mb", 0.0)
-            late = probe.get(f"{prefix}rss_end_{role}_mb", 0.0)
-            rows.append(
-                f"| {batch} | {name} | {early:.0f} | {mid:.0f} | {late:.0f} | "
-                f"{growth(early, late)} | {growth(mid, late)} |"
-            )
-    return (
-        f"Worker memory (target: growth ≤ +10 %). Cold: the {n}-question batch on cold caches, "
-        f"while the web's pages are indexed; warm: the next {n} questions on the same "
-        "workers.\n\n" + "\n".join(rows)
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--questions", type=int, default=200)
@@ -516,7 +314,7 @@ def main() -> None:
             probe.update(extra)
             if w == max(counts):
                 by_size[n] = run
-            print(_throughput_table(runs[-1:]), flush=True)
+            print(throughput_table(runs[-1:]), flush=True)
         if not args.no_embedded:
             runs.append(embedded_run(web, questions, n, Path(tmp)))
         for size in sizes:
@@ -524,54 +322,8 @@ def main() -> None:
                 by_size[size] = broker_run(web, questions, size, max(counts), Path(tmp))[0]
     web.stop()
     total_s = time.monotonic() - started
-    base = by_size[min(by_size)]
-    top = by_size[max(by_size)]
-    base_tok = int(base.stats["tokens_embedded"]) / base.n  # type: ignore[call-overload]
-    top_tok = int(top.stats["tokens_embedded"]) / top.n  # type: ignore[call-overload]
-    rate = {r.label: r.per_min for r in runs}
-    idle, loaded = probe.get("idle_s", 0.0), probe.get("loaded_s", 0.0)
-    one, most = runs[0], runs[len(counts) - 1]
-    text = "\n".join(
-        [
-            f"QA web of `../shared/data/qa` (pages delayed 0.2–1 s, embeddings 0.2 s per request, "
-            f"lexical vectors), questions from queries.jsonl in a seeded order (seed {SEED}), each "
-            f"batch a prefix of it; cold caches per run (Redis flushed). "
-            f"N workers = N search/fetch/embed processes + 1 store/rank process, {THREADS} "
-            f"thread{'s' if THREADS > 1 else ''} each; a batch keeps {THREADS} "
-            f"item{'s' if THREADS > 1 else ''} per search/fetch/embed process in flight "
-            f"(the embedded default: its default threads and batch concurrency). "
-            f"Whole run: "
-            f"{total_s / 60:.1f} min."
-            + (f" Scaled down: {n} questions instead of 200." if n != 200 else "")
-            + " Load average at the end: "
-            + ", ".join(f"{x:.1f}" for x in os.getloadavg())
-            + f" ({os.cpu_count()} cores).",
-            "",
-            "### Throughput",
-            "",
-            _throughput_table(runs),
-            "",
-            f"{most.label} / {one.label}: {most.per_min / one.per_min:.2f}× the rate "
-            f"(target ≥ 3×). {_cpu_ceiling(most, one)}",
-            "",
-            "### Cost as the batch grows",
-            "",
-            _cost_table([by_size[s] for s in sorted(by_size)]),
-            "",
-            f"Tokens embedded per question at {top.n}: {top_tok:.0f}, "
-            f"{100 * top_tok / base_tok:.0f} % of the {base.n}-question figure (target ≤ 25 %); "
-            f"page downloads per question at {top.n}: {top.downloads / top.n:.2f} (target ≤ 1).",
-            "",
-            "### Fairness and memory",
-            "",
-            f"Interactive research job (submission to bundle): idle {idle:.1f} s, while the "
-            f"{n}-question batch runs on {max(counts)} workers {loaded:.1f} s "
-            f"({loaded / max(idle, 0.01):.2f}×, target ≤ 1.5×).",
-            "",
-            _rss_line(probe, n),
-            "",
-            f"Rates: {json.dumps({k: round(v, 1) for k, v in rate.items()})}",
-        ]
+    text = report(
+        runs, by_size, probe, counts=counts, n=n, total_s=total_s, seed=SEED, threads=THREADS
     )
     print(text)
     if args.write:
