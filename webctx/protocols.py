@@ -63,6 +63,31 @@ class Embedder(Protocol):
         ...
 
 
+@runtime_checkable
+class EmbeddingCache(Protocol):
+    """Vectors by text, shared by every job and the index (`webctx.jobs.embed_cache`).
+
+    Texts equal after `webctx.stages.embed.cache_text` (whitespace runs collapsed) share one
+    entry per model and dimensions; an entry may vanish at any time (a miss costs one
+    embedding, never a result)."""
+
+    def get_many(
+        self, model: str, dimensions: int | None, texts: Sequence[str]
+    ) -> list[list[float] | None]:
+        """The cached vector of each text, or None, same order."""
+        ...
+
+    def set_many(
+        self,
+        model: str,
+        dimensions: int | None,
+        texts: Sequence[str],
+        vectors: Sequence[Sequence[float]],
+    ) -> None:
+        """Remember each text's vector."""
+        ...
+
+
 # -- the vector store, one protocol per role -------------------------------------------------
 # Every backend (memory_store, edge_store, qdrant_store) plays every role; each caller types
 # its store by the role it uses. Contract tests run each role on every backend

@@ -32,11 +32,17 @@ from typing import TypeVar
 import qdrant_edge as qe
 
 from webctx.errors import ConfigError, ProviderError
-from webctx.index.generations import SITE_KEY, from_key, until_key
 from webctx.models import Chunk, ScoredChunk, StoredChunk
 from webctx.protocols import IndexScope, VectorDatatype
 from webctx.stages.sparse import document_vector, query_vector
-from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
+from webctx.stages.store import (
+    CONTENT_KEY,
+    SITE_KEY,
+    from_key,
+    point_payload,
+    scored_chunk,
+    until_key,
+)
 
 PROVIDER = "qdrant-edge"
 SPARSE = "bm25"

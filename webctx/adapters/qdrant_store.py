@@ -19,11 +19,17 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from webctx.errors import ProviderError, ProviderUnavailable
-from webctx.index.generations import SITE_KEY, from_key, until_key
 from webctx.models import Chunk, ScoredChunk, StoredChunk
 from webctx.protocols import IndexScope, VectorDatatype
 from webctx.stages.sparse import document_vector, query_vector
-from webctx.stages.store import CONTENT_KEY, point_payload, scored_chunk
+from webctx.stages.store import (
+    CONTENT_KEY,
+    SITE_KEY,
+    from_key,
+    point_payload,
+    scored_chunk,
+    until_key,
+)
 
 PROVIDER = "qdrant"
 SPARSE = "bm25"

@@ -7,7 +7,8 @@ page visible to one tenant's search is a pair of integer payload marks on its po
     live_<tk>_until  the generation from which it is not any more (absent while live)
 
 (`tk` is a short hash of the tenant name: tenant names may hold dots, which payload paths
-read as nesting.) A search reads the tenant's published generation G (one GET) and asks
+read as nesting; the fields are named in `webctx.stages.store`, with the rest of a point's
+payload layout.) A search reads the tenant's published generation G (one GET) and asks
 the store for `from <= G and not until <= G`: one indexed condition, however many pages.
 
 A swap of URL u from hash A to B, under the tenant's commit lock (swaps that wait for the
@@ -44,8 +45,6 @@ from pydantic import BaseModel, Field
 from webctx.errors import ProviderError
 from webctx.protocols import IndexWriter
 
-SITE_KEY = "site"
-"""Payload field: the page's site, lower case (set when a page goes live; keyword index)."""
 LOCK_TTL_MS = 120_000
 LOCK_WAIT_S = 60.0
 
@@ -53,16 +52,6 @@ LOCK_WAIT_S = 60.0
 def tenant_key(tenant: str) -> str:
     """The payload-key-safe id of a tenant."""
     return hashlib.sha256(tenant.encode()).hexdigest()[:16]
-
-
-def from_key(tk: str) -> str:
-    """Payload field: the generation a page became live for the tenant `tk`."""
-    return f"live_{tk}_from"
-
-
-def until_key(tk: str) -> str:
-    """Payload field: the generation a page stopped being live for the tenant `tk`."""
-    return f"live_{tk}_until"
 
 
 class Change(BaseModel):

@@ -28,13 +28,13 @@ from webctx.errors import FetchError, HTTPStatusError
 from webctx.index.page_records import PageRecord, PageRecords, Seen
 from webctx.index.sources import Source, discover_urls
 from webctx.jobs.caches import StoredPages
-from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.models import Download, Page
 from webctx.net.ratelimit import RedisRateLimiter
 from webctx.protocols import (
     BatchFetcher,
     ConditionalFetcher,
     Embedder,
+    EmbeddingCache,
     IndexStore,
     Optimizable,
     Revalidation,
@@ -71,7 +71,7 @@ class IndexContext:
     chunking: ChunkSettings
     embedding: EmbedSettings
     settings: IndexSettings
-    cache: RedisEmbeddingCache | None = None
+    cache: EmbeddingCache | None = None
     limiter: RedisRateLimiter | None = None
     extract_timeout_s: float = 15.0
 

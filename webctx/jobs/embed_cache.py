@@ -13,29 +13,25 @@ cap; a lost entry only costs one re-embedding.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 
 import numpy as np
 import redis
 
+from webctx.stages.embed import cache_text
+
 PREFIX = "webctx:emb:"
-_SPACE = re.compile(r"\s+")
-
-
-def normalize_text(text: str) -> str:
-    """Text as the cache sees it: whitespace runs collapsed to one space, ends stripped."""
-    return _SPACE.sub(" ", text).strip()
 
 
 def cache_key(model: str, dimensions: int | None, text: str) -> str:
     """The Redis key of `text`'s vector under `model` and `dimensions`."""
-    raw = "\x00".join((model, str(dimensions or 0), normalize_text(text)))
+    raw = "\x00".join((model, str(dimensions or 0), cache_text(text)))
     return PREFIX + hashlib.sha256(raw.encode()).hexdigest()
 
 
 class RedisEmbeddingCache:
-    """Batch get/set of vectors; needs a client with `decode_responses=False`."""
+    """The EmbeddingCache in Redis: batch get/set of vectors; needs a client with
+    `decode_responses=False`."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: int = 30 * 24 * 3600) -> None:
         self._client = client

@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 
 from webctx.errors import TransientError, WebctxError
 from webctx.jobs.caches import PageCache, SearchCache, StoredPages
-from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.jobs.fanin import FanIn
 from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobStore
 from webctx.models import Page
 from webctx.net.ratelimit import RedisRateLimiter
-from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
+from webctx.protocols import (
+    ConditionalFetcher,
+    Embedder,
+    EmbeddingCache,
+    SearchProvider,
+    VectorStore,
+)
 from webctx.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -53,7 +58,7 @@ class Engine:
     """Embedded pages waiting for their store task, in the same store scope."""
     open_store: Callable[[], VectorStore]
     indexed_copy: IndexedCopy
-    cache: RedisEmbeddingCache | None = None
+    cache: EmbeddingCache | None = None
     limiter: RedisRateLimiter | None = None
     _store: VectorStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)

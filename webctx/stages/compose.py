@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.models import Bundle, BundleStats, Chunk, Failure, Page, ScoredChunk
 from webctx.net.ratelimit import RedisRateLimiter
-from webctx.protocols import Embedder, VectorStore
+from webctx.protocols import Embedder, EmbeddingCache, VectorStore
 from webctx.settings import ChunkSettings, EmbedSettings
 from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page
@@ -43,7 +42,7 @@ def embed_page(
     embedder: Embedder,
     chunking: ChunkSettings,
     embedding: EmbedSettings,
-    cache: RedisEmbeddingCache | None = None,
+    cache: EmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
 ) -> EmbeddedPage:
     """Chunk a page and embed its chunks; nothing touches the vector store.
@@ -81,7 +80,7 @@ def index_page(
     store: VectorStore,
     chunking: ChunkSettings,
     embedding: EmbedSettings,
-    cache: RedisEmbeddingCache | None = None,
+    cache: EmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
 ) -> IndexOutcome:
     """Chunk, embed and store a page in one call (`embed_page`, then `store_page`)."""
@@ -97,7 +96,7 @@ def _embed_chunks(
     texts: list[str],
     embedder: Embedder,
     embedding: EmbedSettings,
-    cache: RedisEmbeddingCache | None,
+    cache: EmbeddingCache | None,
     limiter: RedisRateLimiter | None,
 ) -> CachedEmbedOutcome:
     """Embed through cache and limiter when given; else exactly as before (embed_texts)."""
@@ -138,7 +137,7 @@ def retrieve_candidates(
     store: VectorStore,
     top_k: int,
     embedding: EmbedSettings,
-    cache: RedisEmbeddingCache | None = None,
+    cache: EmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
     question_vector: Sequence[float] | None = None,
 ) -> list[ScoredChunk]:
@@ -180,7 +179,7 @@ def answer_question(
     top_k: int,
     token_budget: int,
     embedding: EmbedSettings,
-    cache: RedisEmbeddingCache | None = None,
+    cache: EmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
     question_vector: Sequence[float] | None = None,
 ) -> Bundle:

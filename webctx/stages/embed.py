@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,14 +24,14 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 from webctx.errors import ConfigError, ProviderError, ProviderUnavailable, RateLimited
-from webctx.protocols import Embedder, Embeddings
+from webctx.protocols import Embedder, EmbeddingCache, Embeddings
 from webctx.tokens import count_tokens, truncate_to_tokens
 
 if TYPE_CHECKING:
-    from webctx.jobs.embed_cache import RedisEmbeddingCache
     from webctx.net.ratelimit import RedisRateLimiter
 
 logger = logging.getLogger(__name__)
+_SPACE = re.compile(r"\s+")
 T = TypeVar("T")
 BeforeRequest = Callable[["Batch"], None]
 # OpenAI refuses an empty string input; a single space embeds as "nothing" and is accepted.
@@ -276,7 +277,7 @@ def embed_with_cache(
     texts: Sequence[str],
     embedder: Embedder,
     *,
-    cache: RedisEmbeddingCache | None,
+    cache: EmbeddingCache | None,
     limiter: RedisRateLimiter | None,
     max_inputs: int,
     max_tokens_per_request: int,
@@ -324,7 +325,6 @@ def embed_with_cache(
 
 
 def cache_text(text: str) -> str:
-    """The form of a text the cache keys on (whitespace-normalised)."""
-    from webctx.jobs.embed_cache import normalize_text
-
-    return normalize_text(text)
+    """The form of a text the embedding cache keys on: whitespace runs collapsed to one
+    space, ends stripped (texts that differ only there share a vector)."""
+    return _SPACE.sub(" ", text).strip()

@@ -18,6 +18,20 @@ POINT_NAMESPACE = uuid.UUID("013420d6-afae-5302-ba02-3780fd76f2fb")
 
 CONTENT_KEY = "content_sha256"
 """Payload field every adapter filters on (with a keyword field index)."""
+SITE_KEY = "site"
+"""Payload field: the page's site, lower case (set when a page goes live for the index;
+keyword field index)."""
+
+
+def from_key(tk: str) -> str:
+    """Payload field: the generation a page became live for the tenant `tk`."""
+    return f"live_{tk}_from"
+
+
+def until_key(tk: str) -> str:
+    """Payload field: the generation a page stopped being live for the tenant `tk`."""
+    return f"live_{tk}_until"
+
 
 UPSERT_BATCH = 256
 
