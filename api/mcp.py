@@ -76,6 +76,7 @@ class SourceOut(BaseModel):
     title: str
     site: str
     author: str | None
+    language: str | None = None
     published: str | None
     fetched_at: str
     content_sha256: str

@@ -81,6 +81,8 @@ class Page(BaseModel):
     title: str = ""
     site: str = ""
     author: str | None = None
+    language: str | None = None
+    """BCP 47 tag the page declares, else the ISO 639-1 code of its detected language."""
     published: str | None = None
     fetched_at: datetime
     content_sha256: str
@@ -137,8 +139,12 @@ class BundleSource(BaseModel):
     title: str
     site: str
     published: str | None
+    """ISO 8601 date (YYYY-MM-DD)."""
     fetched_at: datetime
     content_sha256: str
+    author: str | None = None
+    language: str | None = None
+    """BCP 47 tag the page declares (`en-GB`), else the detected ISO 639-1 code, else None."""
 
 
 class BundleChunk(BaseModel):

@@ -65,6 +65,8 @@ def _source(number: int, page: Page) -> BundleSource:
         published=page.published,
         fetched_at=page.fetched_at,
         content_sha256=page.content_sha256,
+        author=page.author,
+        language=page.language,
     )
 
 
@@ -106,7 +108,8 @@ def _source_line(source: BundleSource) -> str:
         if source.published
         else f"fetched {source.fetched_at.date().isoformat()}"
     )
-    return f"- [{source.id}] {title} — {source.url} ({when})"
+    about = [_one_line(source.author) if source.author else "", source.language or "", when]
+    return f"- [{source.id}] {title} — {source.url} ({'; '.join(a for a in about if a)})"
 
 
 def _one_line(text: str) -> str:

@@ -27,6 +27,7 @@ from webctx.errors import BlockedURL, ExtractionError
 from webctx.models import Download, Page
 from webctx.protocols import Fetcher
 from webctx.stages.format_chars import protect
+from webctx.stages.language import declared_language, detect_language
 
 T = TypeVar("T")
 
@@ -63,6 +64,7 @@ class _Meta:
     site: str = ""
     author: str | None = None
     published: str | None = None
+    language: str | None = None
 
 
 def fetch_page(url: str, fetcher: Fetcher, *, extract_timeout_s: float = 15.0) -> Page:
@@ -92,6 +94,7 @@ def extract_page(download: Download, *, timeout_s: float = 15.0) -> Page:
         title=meta.title,
         site=meta.site or host,
         author=meta.author,
+        language=meta.language or detect_language(text),
         published=meta.published,
         fetched_at=download.fetched_at,
         content_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
@@ -172,7 +175,7 @@ def _extract_html(html: str, url: str) -> tuple[str, _Meta]:
         raise ExtractionError(url, f"extractor failed: {type(exc).__name__}: {exc}") from exc
     meta = _Meta(title=kept.restore(meta.title), site=kept.restore(meta.site),
                  author=kept.restore(meta.author) if meta.author else None,
-                 published=meta.published)  # fmt: skip
+                 published=meta.published, language=meta.language)  # fmt: skip
     if doc is None or isinstance(doc, dict):
         return "", meta
     return kept.restore((doc.text or "").strip()), meta
@@ -204,6 +207,7 @@ def _metadata(tree: HtmlElement | None, html: str, url: str) -> _Meta:
         site=(found.sitename or "").strip().lstrip("@"),
         author=found.author or None,
         published=_iso_date(published),
+        language=declared_language(tree),
     )
 
 
