@@ -14,7 +14,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
-from webctx.errors import ConfigError
+from celery.exceptions import TimeoutError as ResultTimeout
+from celery.result import AsyncResult
+
+from webctx.errors import ConfigError, ProviderUnavailable
 from webctx.index.refresh import IndexContext, optimize_if_due, refresh_source, sweep
 from webctx.index.runs import RefreshRuns
 from webctx.index.search import IndexHit, search_index
@@ -124,8 +127,45 @@ def run_search(
         return search_index(query, tenant=tenant, ctx=index_context(worker_deps()),
                             limit=limit, **filters)  # fmt: skip
     result = app.signature("webctx.index.search", args=(tenant, query, limit, filters))
-    raw = cast(list[Any], result.apply_async().get(timeout=timeout_s))
-    return [IndexHit.model_validate(h) for h in raw]
+    pending = result.apply_async()
+    first_wait = min(NO_WORKER_CHECK_S, timeout_s)
+    try:
+        raw = pending.get(timeout=first_wait)
+    except ResultTimeout:
+        queue = str(app.conf.task_routes["webctx.index.search"]["queue"])
+        if not consumers_of(queue):
+            pending.revoke()
+            _stop_waiting(pending)
+            raise ProviderUnavailable(
+                f"index search: no worker consumes the {queue!r} queue; start one with "
+                f"`webctx worker` (all queues) or `webctx worker -Q {queue}`"
+            ) from None
+        try:
+            raw = pending.get(timeout=max(timeout_s - first_wait, 0.1))
+        except ResultTimeout:
+            _stop_waiting(pending)
+            raise ProviderUnavailable(
+                f"index search: no answer from the {queue!r} workers within {timeout_s:g} s"
+            ) from None
+    return [IndexHit.model_validate(h) for h in cast(list[Any], raw)]
+
+
+NO_WORKER_CHECK_S = 3.0
+"""A search not answered by then asks the workers whether any consumes its queue."""
+
+
+def _stop_waiting(pending: AsyncResult) -> None:
+    """Unsubscribe from a result given up on now, not in its finaliser: one that runs at
+    interpreter exit finds Redis' client half torn down and prints a traceback."""
+    pending.backend.remove_pending_result(pending)
+    pending.backend = None
+
+
+def consumers_of(queue: str, timeout_s: float = 1.0) -> list[str]:
+    """Node names of the live workers that consume `queue` (a broadcast, `timeout_s` long)."""
+    replies = app.control.inspect(timeout=timeout_s).active_queues() or {}
+    return sorted(node for node, queues in replies.items()
+                  if any(q.get("name") == queue for q in queues or ()))  # fmt: skip
 
 
 def start_refresh(settings: Settings, runs: RefreshRuns, sources: Sequence[Source]) -> str:

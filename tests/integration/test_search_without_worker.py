@@ -1,0 +1,31 @@
+"""`webctx search` in broker mode with the embedded engine asks a worker to search; with no
+worker on its queue it says so within seconds instead of waiting 30 s for a traceback."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import redis
+
+from tests.conftest import clean_env, redis_url, run_cli
+
+
+def test_search_with_no_worker_on_its_queue_says_so_within_seconds(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    env = clean_env(
+        CELERY_BROKER_URL=redis_url(),
+        WEBCTX_QDRANT_PATH=str(tmp_path / "q"),
+        WEBCTX_EMBEDDING_PROVIDER="hash",
+    )
+    started = time.monotonic()
+    out = run_cli(env, "search", "walrus", timeout_s=60)
+    elapsed = time.monotonic() - started
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "no worker consumes the 'rank' queue" in out.stderr
+    assert "webctx worker" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 3
+    # The CLI's own start (imports) is part of it; the wait itself is about 4 s.
+    assert elapsed < 20, elapsed
