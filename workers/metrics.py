@@ -22,8 +22,9 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from celery import Celery, signals
 from kombu.exceptions import ChannelError
@@ -42,8 +43,10 @@ from prometheus_client.registry import Collector
 from starlette.responses import Response
 from starlette.routing import Route
 
+from webctx import errors
 from webctx.errors import RateLimited
 from webctx.logging import bind_context, clear_context, configure_logging
+from webctx.models import Failure, JobStatus
 from webctx.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -55,7 +58,11 @@ STAGE_SECONDS = Histogram(
     ["stage"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
 )
-TASKS = Counter("webctx_tasks", "Tasks finished, by stage and Celery state.", ["stage", "state"])
+TASKS = Counter(
+    "webctx_tasks",
+    "Tasks finished, by stage, the queue they came from, and Celery state.",
+    ["stage", "queue", "state"],
+)
 PAGES_FETCHED = Counter("webctx_pages_fetched", "Pages fetched and extracted.")
 FAILURES = Counter(
     "webctx_source_failures",
@@ -69,12 +76,49 @@ CACHE_HITS = Counter("webctx_embed_cache_hits", "Chunks whose vector came from t
 RATE_LIMITED = Counter(
     "webctx_rate_limited", "429 answers met, by peer (embeddings, search, site).", ["peer"]
 )
+RATE_LIMITED_PEERS = ("embeddings", "search", "site")
 _COUNTS = {
     "tokens_embedded": TOKENS_EMBEDDED,
     "embed_requests": EMBED_REQUESTS,
     "chunks": CHUNKS,
     "cache_hits": CACHE_HITS,
 }
+
+
+
+
+def _error_reasons(cls: type[errors.WebctxError]) -> Iterator[str]:
+    reason = vars(cls).get("reason")
+    if isinstance(reason, str):
+        yield reason
+    for sub in cls.__subclasses__():
+        yield from _error_reasons(sub)
+
+
+# Every reason a Failure is recorded with, bar the class names of unexpected exceptions
+# (webctx.jobs.steps.record_failure): the error tree's `reason`s, Failure's default, a
+# chunk whose page is gone (stages/bundle.py), a worker that died on the item (jobs/pages.py).
+FAILURE_REASONS = tuple(
+    dict.fromkeys([*_error_reasons(errors.WebctxError), "error", "missing_page", "worker_lost"])
+)
+FAILURE_STAGES: tuple[str, ...] = get_args(Failure.model_fields["stage"].annotation)
+
+
+def init_series() -> None:
+    """Create every known labelled series at zero. A labelled counter has no series until
+    its first `inc`, so "failures / (failures + pages)" would be "No data" on a healthy
+    system, and `rate(...) > x` could not tell "none" from "not scraped"."""
+    for stage, reason in product(FAILURE_STAGES, FAILURE_REASONS):
+        FAILURES.labels(stage=stage, reason=reason)
+    for status in JobStatus:
+        JOBS.labels(status=status.value)
+    for peer in RATE_LIMITED_PEERS:
+        RATE_LIMITED.labels(peer=peer)
+
+
+# At import, where the metrics are defined: a prefork child inherits the series and writes
+# them to its own file (PROMETHEUS_MULTIPROC_DIR) at its first metric update.
+init_series()
 
 
 class MetricsObserver:
@@ -92,7 +136,6 @@ class MetricsObserver:
             for name, delta in facts.items():
                 if name in _COUNTS and int(delta) > 0:
                     _COUNTS[name].inc(int(delta))
-
 
 
 class RateLimitLogCounter(logging.Handler):
@@ -122,12 +165,22 @@ def _on_prerun(task_id: str, args: Iterable[Any] | None = None, **_: Any) -> Non
     bind_context(job_id=first if isinstance(first, str) else None, task_id=task_id)
 
 
+def _queue(task: Any) -> str:
+    """The queue the task was taken from: each queue's routing key is its name (celeryconfig)."""
+    info = getattr(getattr(task, "request", None), "delivery_info", None) or {}
+    queue = info.get("routing_key")
+    if not queue and getattr(task, "app", None) is not None:
+        queue = task.app.amqp.router.route({}, task.name)["queue"].name
+    return str(queue or "unknown")
+
+
 def _on_postrun(task_id: str, task: Any, state: str | None = None, **_: Any) -> None:
     began = _started.pop(task_id, None)
     stage = _stage(task)
     if began is not None:
         STAGE_SECONDS.labels(stage=stage).observe(time.perf_counter() - began)
-    TASKS.labels(stage=stage, state=(state or "UNKNOWN").lower()).inc()
+    state_label = (state or "UNKNOWN").lower()
+    TASKS.labels(stage=stage, queue=_queue(task), state=state_label).inc()
     clear_context()
 
 

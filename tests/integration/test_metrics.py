@@ -160,7 +160,16 @@ def test_worker_metrics_match_the_bundle_on_threads_and_prefork_workers(
     assert runs(prefork, "embed_question") == 1
     assert distinct <= runs(threads, "store") <= runs(prefork, "embed")
     assert runs(threads, "rank") == 1
-    assert value(threads, "webctx_tasks_total", stage="rank", state="success") == 1
+    # Each task counted under the queue it was taken from (what the "queue unserved" alert
+    # joins to webctx_queue_depth{queue}).
+    assert value(threads, "webctx_tasks_total", stage="rank", queue="rank", state="success") == 1
+    assert value(prefork, "webctx_tasks_total", stage="embed_question", queue="embed",
+                 state="success") == 1  # fmt: skip
+    # Failure series exist at zero before any failure, in prefork children too, so the
+    # dashboard's ratios read 0, not "No data".
+    labels = frozenset({"stage": "store", "reason": "worker_lost"}.items())
+    zero = ("webctx_source_failures_total", labels)
+    assert threads[zero] == prefork[zero] == 0
     assert value(prefork, "webctx_stage_duration_seconds_sum", stage="embed") > 0
 
     # JSON logs: every line a task logs names its job and task, passed or not.
