@@ -241,3 +241,111 @@ def test_dashboard_charts_every_webctx_metric_and_only_those() -> None:
             suffix = {"counter": "_total", "histogram": "_bucket"}.get(value._type, "")
             defined.add(value._name + suffix)
     assert used == defined
+
+
+# -- every queue a task goes to is consumed, scaled, exported and charted ----------------------
+def routed_queues() -> set[str]:
+    """Every queue a task can be sent to, read from the Celery app: each registered webctx
+    task's route (globs and the default queue resolved by Celery's router), every route in
+    `task_routes`, and beat's entries."""
+    from webctx.workers.app import app
+
+    app.loader.import_default_modules()  # the `include`d and `imports` task modules
+    route = app.amqp.router.route
+    queues = {route({}, name)["queue"].name for name in app.tasks if name.startswith("webctx.")}
+    queues |= {spec["queue"] for spec in app.conf.task_routes.values()}
+    queues |= {route(entry.get("options", {}), entry["task"])["queue"].name
+               for entry in app.conf.beat_schedule.values()}  # fmt: skip
+    assert {"search", "fetch", "embed", "store", "rank", "reindex"} <= queues
+    return queues
+
+
+def worker_queues(args: list[str]) -> set[str]:
+    """The queues a `webctx worker` command line consumes (it must name them)."""
+    assert args[0] == "worker" and "-Q" in args, args
+    return set(args[args.index("-Q") + 1].split(","))
+
+
+def k8s_worker_queues(docs: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Each worker Deployment's queues, by Deployment name."""
+    out = {}
+    for name, dep in by_kind(docs, "Deployment").items():
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        if (container.get("args") or [""])[0] == "worker":
+            out[name] = worker_queues(container["args"])
+    return out
+
+
+def test_every_routed_queue_has_a_worker_in_compose_and_in_each_k8s_tree() -> None:
+    queues = routed_queues()
+    services = compose_config()["services"]
+    compose = [worker_queues(s["command"]) for s in services.values()
+               if (s.get("command") or [""])[0] == "worker"]  # fmt: skip
+    assert queues <= set().union(*compose), queues - set().union(*compose)
+    for tree in ("base", "keda", "hpa"):
+        consumed = set().union(*k8s_worker_queues(render(K8S / tree)).values())
+        assert queues <= consumed, (tree, queues - consumed)
+
+
+def test_every_routed_queue_scales_its_consumer_under_keda_and_hpa() -> None:
+    queues = routed_queues()
+    keda = render(K8S / "keda")
+    consumers = k8s_worker_queues(keda)
+    scaled: set[str] = set()
+    for obj in by_kind(keda, "ScaledObject").values():
+        target = obj["spec"]["scaleTargetRef"]["name"]
+        for trigger in obj["spec"]["triggers"]:
+            queue = trigger["metadata"]["listName"]  # kombu's Redis list is the queue's name
+            assert queue in consumers[target], f"{target} scales on {queue} it does not consume"
+            scaled.add(queue)
+    assert queues <= scaled, queues - scaled
+    hpa = render(K8S / "hpa")
+    consumers = k8s_worker_queues(hpa)
+    scaled = set()
+    for obj in by_kind(hpa, "HorizontalPodAutoscaler").values():
+        target = obj["spec"]["scaleTargetRef"]["name"]
+        for metric in obj["spec"]["metrics"]:
+            queue = metric["external"]["metric"]["selector"]["matchLabels"]["queue"]
+            assert queue in consumers[target], f"{target} scales on {queue} it does not consume"
+            scaled.add(queue)
+    assert queues <= scaled, queues - scaled
+
+
+def test_every_routed_queue_has_a_depth_series_and_a_dashboard_line() -> None:
+    from fastapi import FastAPI
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.promql_labels import defined_metrics, series_labels
+    from webctx.workers.app import app
+    from webctx.workers.metrics import MetricsEndpoint, observe_api
+
+    queues = routed_queues()
+    api = FastAPI()
+    observe_api(api, app)  # what the API serves at /metrics (an in-process broker here)
+    (endpoint,) = [r.endpoint for r in api.router.routes if getattr(r, "path", "") == "/metrics"]
+    assert isinstance(endpoint, MetricsEndpoint)
+    depths = {
+        s.labels["queue"]: s.value
+        for family in text_string_to_metric_families(endpoint.render().decode())
+        for s in family.samples
+        if s.name == "webctx_queue_depth"
+    }
+    assert queues <= set(depths), queues - set(depths)
+
+    dashboard = json.loads((DEPLOY / "grafana" / "webctx-dashboard.json").read_text())
+    charted: set[str] = set()
+    for expr in (t["expr"] for p in dashboard["panels"] for t in p["targets"]):
+        labels = series_labels(expr, defined_metrics()) or frozenset()
+        for selector in re.findall(r"webctx_queue_depth(?:\{([^}]*)\})?", expr):
+            if "queue" in labels:  # one line per queue, each queue the matchers let through
+                charted |= {q for q in queues if _matches(selector, q)}
+    assert queues <= charted, queues - charted
+
+
+def _matches(selector: str, queue: str) -> bool:
+    """Whether a selector's `queue` matchers (`=`, `!=`, `=~`, `!~`) let `queue` through."""
+    for op, value in re.findall(r'queue\s*(=~|!~|!=|=)\s*"([^"]*)"', selector):
+        hit = re.fullmatch(value, queue) is not None if "~" in op else value == queue
+        if hit == op.startswith("!"):
+            return False
+    return True
