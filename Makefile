@@ -25,6 +25,7 @@ PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
 test: install
 	bash scripts/ensure-redis
+	bash scripts/ensure-tools
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
 	$(PYTEST) -m serial
 
