@@ -17,7 +17,8 @@ from typing import Annotated
 
 import anyio
 import anyio.to_thread
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from webctx.errors import (
     ConfigError,
@@ -143,9 +144,21 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_caller(request: Request, runtime: RuntimeDep) -> Caller:
+# Declares the bearer scheme in the OpenAPI schema of every route that takes a caller (the
+# docs' Authorize button, generated clients' auth). auto_error=False: `authenticate` answers
+# a missing or wrong key itself, with the API's error body and the rate limit.
+bearer_key = HTTPBearer(
+    scheme_name="bearerAuth",
+    description="A webctx API key (`webctx keys create --tenant NAME`): "
+    "`Authorization: Bearer wctx_...`.",
+    auto_error=False,
+)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_key)]
+
+
+def get_caller(runtime: RuntimeDep, bearer: BearerDep) -> Caller:
     """Dependency: authenticate the request (401/429 otherwise)."""
-    return authenticate(runtime, request.headers.get("authorization"))
+    return authenticate(runtime, f"Bearer {bearer.credentials}" if bearer else None)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
