@@ -3,7 +3,10 @@
     webctx api --host 127.0.0.1 --port 8000
     uvicorn --factory webctx.api.http:create_app    # or gunicorn -k uvicorn.workers.UvicornWorker
 
-OpenAPI at /openapi.json, docs at /docs, MCP (streamable HTTP) at /mcp.
+OpenAPI at /openapi.json, docs at /docs (Swagger UI) and /redoc, MCP (streamable HTTP)
+at /mcp. The docs pages load their scripts from this server, never from a CDN
+(fastapi-offline ships them), and a Content-Security-Policy keeps them on it (api/docs.py):
+they work on a network without internet access.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
@@ -26,6 +30,7 @@ from webctx.api.deps import (
     check_auth_setting,
     open_runtime,
 )
+from webctx.api.docs import DocsPolicy
 from webctx.errors import (
     ConfigError,
     Conflict,
@@ -92,9 +97,7 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
-        ]
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
         body = {"error": "invalid_request", "message": _validation_message(errors)}
         return JSONResponse({**body, "detail": errors}, 422)
 
@@ -120,9 +123,7 @@ class McpAuth:
             runtime: Runtime = self.fastapi_app.state.runtime
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             try:
-                await anyio.to_thread.run_sync(
-                    authenticate, runtime, headers.get("authorization")
-                )
+                await anyio.to_thread.run_sync(authenticate, runtime, headers.get("authorization"))
             except WebctxError as exc:
                 await error_response(exc)(scope, receive, send)
                 return
@@ -150,12 +151,13 @@ def create_app(settings: Settings | None = None, *, host: str | None = None) -> 
             await stack.enter_async_context(mcp_server.session_manager.run())
             yield
 
-    app = FastAPI(
+    app = FastAPIOffline(
         title="webctx",
         version="1",
         summary="Research questions into cited, web-grounded context bundles.",
         lifespan=lifespan,
     )
+    app.add_middleware(DocsPolicy)
     _install_handlers(app)
     app.include_router(jobs.router)
     app.include_router(context.router)
