@@ -7,8 +7,9 @@ fetch worker shares them: N workers together still start one request per
 `per_host_delay_s` to a host, and a 429 pauses the host for all of them. robots.txt rules
 are cached per process (they are read, not sent).
 
-robots.txt follows RFC 9309: 2xx is parsed, 4xx allows everything, 5xx (and 429) means
-"unreachable", hence disallow everything for a short while.
+robots.txt follows RFC 9309 (`webctx.net.robots` decides): 2xx is parsed, 4xx allows
+everything, 5xx (and 429) or no answer at all means "unreachable", hence disallow
+everything for a short while.
 """
 
 from __future__ import annotations
@@ -16,54 +17,61 @@ from __future__ import annotations
 import email.utils
 import threading
 import time
-import urllib.robotparser
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis
 
+from webctx.net.robots import MAX_PARSE_BYTES, Decision, RobotsFile, parse_robots
 from webctx.settings import FetchSettings
 
-ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309: parse at least 500 KiB
-UNREACHABLE_TTL_S = 300.0  # how long a 5xx robots.txt blocks its origin
+ROBOTS_MAX_BYTES = MAX_PARSE_BYTES  # RFC 9309: parse at least 500 KiB
+UNREACHABLE_TTL_S = 300.0  # how long a 5xx or unreachable robots.txt blocks its origin
 MAX_CRAWL_DELAY_S = 60.0
 Clock = Callable[[], float]
+_UNREACHABLE = Decision(False, "unreachable (5xx, 429 or no answer), so all disallowed for now")
 
 
 @dataclass(frozen=True)
 class RobotsRules:
     """The robots.txt verdicts for one origin and one user agent."""
 
-    parser: urllib.robotparser.RobotFileParser | None
+    robots: RobotsFile | None
     user_agent: str
     disallow_all: bool = False
 
+    def decide(self, url: str) -> Decision:
+        """The verdict on `url`, with the rule that gave it."""
+        if self.disallow_all:
+            return _UNREACHABLE
+        return self.robots.decide(url, self.user_agent) if self.robots else Decision(True)
+
     def allows(self, url: str) -> bool:
         """True if `url` may be fetched."""
-        if self.disallow_all:
-            return False
-        return self.parser is None or self.parser.can_fetch(self.user_agent, url)
+        return self.decide(url).allowed
 
     @property
     def crawl_delay(self) -> float | None:
-        """The Crawl-delay for our agent, capped, if the file sets one."""
-        if self.parser is None:
+        """The Crawl-delay for our agent (fractions too), capped, if the file sets one."""
+        if self.robots is None:
             return None
-        delay = self.parser.crawl_delay(self.user_agent)
-        return min(float(delay), MAX_CRAWL_DELAY_S) if delay is not None else None
+        delay = self.robots.crawl_delay(self.user_agent)
+        return min(delay, MAX_CRAWL_DELAY_S) if delay is not None else None
 
 
 def robots_rules(status: int, body: bytes, *, user_agent: str) -> RobotsRules:
     """Rules from the answer to GET /robots.txt (status after redirects)."""
     if 200 <= status < 300:
-        parser = urllib.robotparser.RobotFileParser()
-        text = body[:ROBOTS_MAX_BYTES].decode("utf-8", errors="replace")
-        parser.parse(text.splitlines())
-        return RobotsRules(parser, user_agent)
+        return RobotsRules(parse_robots(body), user_agent)
     if status == 429 or status >= 500:
-        return RobotsRules(None, user_agent, disallow_all=True)
+        return unreachable_rules(user_agent)
     return RobotsRules(None, user_agent)  # 4xx (and odd 1xx/3xx): no rules, all allowed
+
+
+def unreachable_rules(user_agent: str) -> RobotsRules:
+    """A robots.txt that could not be read (5xx, 429, no connection): disallow all."""
+    return RobotsRules(None, user_agent, disallow_all=True)
 
 
 class RobotsCache:
