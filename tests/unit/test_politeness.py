@@ -252,3 +252,79 @@ def test_fetchers_of_two_processes_pace_one_host_together(
     # Four starts 0.4 s apart, whichever fetcher made them: at least 1.2 s (each fetcher
     # pacing alone would have needed 0.4 s).
     assert 1.15 <= elapsed < 3.0
+
+
+# -- robots.txt answers: redirects, unreachable, oversized ------------------------------------
+def serve(pages: dict[str, SitePage]) -> tuple[LoopbackServer, collections.Counter[str]]:
+    hits: collections.Counter[str] = collections.Counter()
+    return LoopbackServer(make_site_app(pages, hits=hits)).start(), hits
+
+
+def test_robots_redirects_are_followed_and_refusals_name_the_rule() -> None:
+    server, hits = serve({
+        "/robots.txt": SitePage(redirect_to="/moved", status=301),
+        "/moved": SitePage(redirect_to="/rules.txt", status=302),
+        "/rules.txt": SitePage("User-agent: *\nDisallow: /private\n", content_type="text/plain"),
+        "/public": SitePage(ARTICLE),
+    })  # fmt: skip
+    try:
+        fetcher = polite_fetcher()
+        with pytest.raises(BlockedURL, match="line 2: Disallow: /private"):
+            fetcher.fetch(f"{server.url}/private/page")
+        assert fetcher.fetch(f"{server.url}/public").status == 200
+        assert hits["/rules.txt"] == 1 and hits["/private/page"] == 0
+    finally:
+        server.stop()
+
+
+def test_robots_past_five_redirects_means_no_rules() -> None:
+    pages = {f"/r{i}": SitePage(redirect_to=f"/r{i + 1}") for i in range(10)}
+    pages["/robots.txt"] = SitePage(redirect_to="/r0")
+    pages["/public"] = SitePage(ARTICLE)
+    server, hits = serve(pages)
+    try:
+        assert polite_fetcher().fetch(f"{server.url}/public").status == 200
+        assert hits["/r4"] == 1 and hits["/r5"] == 0  # robots.txt + 5 redirects, then stop
+    finally:
+        server.stop()
+
+
+def test_unreachable_robots_disallows_the_origin_for_a_while() -> None:
+    server, _ = serve({})
+    port = server.port
+    server.stop()  # nothing listens there any more: the connection is refused
+    politeness = Politeness.from_settings(SETTINGS)
+    policy = AddressPolicy(allowed_networks=["127.0.0.1/32"])
+    fetcher = HttpxFetcher(SETTINGS, policy=policy, resolver=loopback, politeness=politeness)
+    with pytest.raises(BlockedURL, match="unreachable"):
+        fetcher.fetch(f"http://127.0.0.1:{port}/page")
+    cached = politeness.robots.get(f"http://127.0.0.1:{port}")
+    assert cached is not None and cached.disallow_all  # kept (briefly): not asked per page
+
+
+def test_oversized_robots_is_read_to_500_kib_not_refused() -> None:
+    filler = "# " + "x" * 1000 + "\n"
+    body = "User-agent: *\nDisallow: /early\n" + filler * 600 + "Disallow: /late\n"
+    server, _ = serve({"/robots.txt": SitePage(body, content_type="text/plain"),
+                       "/late": SitePage(ARTICLE)})  # fmt: skip
+    try:
+        fetcher = polite_fetcher()
+        with pytest.raises(BlockedURL, match="/early"):
+            fetcher.fetch(f"{server.url}/early")
+        assert fetcher.fetch(f"{server.url}/late").status == 200  # past 500 KiB: unread
+    finally:
+        server.stop()
+
+
+def test_fractional_crawl_delay_paces_requests() -> None:
+    robots = "User-agent: webctx\nCrawl-delay: 0.5\n"
+    server, _ = serve({"/robots.txt": SitePage(robots, content_type="text/plain"),
+                       "/public": SitePage(ARTICLE)})  # fmt: skip
+    try:
+        fetcher = polite_fetcher(SETTINGS.model_copy(update={"total_timeout_s": 5.0}))
+        started = time.monotonic()
+        for _ in range(3):
+            fetcher.fetch(f"{server.url}/public")
+        assert 0.95 <= time.monotonic() - started < 2.5  # two gaps of 0.5 s
+    finally:
+        server.stop()

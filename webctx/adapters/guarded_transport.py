@@ -14,8 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpcore
 import httpx
 
-from webctx.errors import FetchError, FetchTimeout, HTTPStatusError
-from webctx.net.addresses import AddressPolicy, IPAddress, Resolver, parse_ip_host, resolve_checked
+from webctx.errors import BlockedURL, FetchError, FetchTimeout, HTTPStatusError
+from webctx.net.addresses import (
+    AddressPolicy,
+    IPAddress,
+    Resolver,
+    check_url,
+    parse_ip_host,
+    resolve_checked,
+)
 from webctx.net.portpolicy import check_port
 
 
@@ -143,3 +150,30 @@ def for_url(exc: FetchError, url: str) -> FetchError:
     if isinstance(exc, HTTPStatusError):
         return HTTPStatusError(url, message, status=exc.status)
     return type(exc)(url, message)
+
+
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class NoSlot(FetchTimeout):
+    """Every connection slot to the host stayed busy until the deadline (nothing was sent)."""
+
+
+def checked_url(url: str) -> httpx.URL:
+    """`url` parsed by httpx after `check_url`; BlockedURL if either refuses it."""
+    check_url(url)
+    try:
+        target = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise BlockedURL(url, f"malformed URL: {exc}") from exc
+    # Re-check with httpx's own parse: it is the one that decides where we connect.
+    if target.scheme not in ("http", "https") or target.userinfo or not target.host:
+        raise BlockedURL(url, "URL refused after parsing")
+    return target
+
+
+def redirect_location(response: httpx.Response) -> str | None:
+    """The Location of a redirect response, else None."""
+    if response.status_code in REDIRECTS:
+        return response.headers.get("location") or None
+    return None

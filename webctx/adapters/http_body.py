@@ -23,7 +23,11 @@ _CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\r\f\x1b") + b"\x7
 class BodyDecoder:
     """Undoes Content-Encoding chunk by chunk, never producing more than `limit` bytes."""
 
-    def __init__(self, url: str, content_encoding: str, limit: int) -> None:
+    def __init__(
+        self, url: str, content_encoding: str, limit: int, *, truncate: bool = False
+    ) -> None:
+        """Past `limit` decoded bytes: ContentTooLarge, or with `truncate` the first
+        `limit` bytes are kept and `truncated` is set."""
         codings = [c.strip().lower() for c in content_encoding.split(",")]
         codings = [c for c in codings if c not in ("", "identity")]
         if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
@@ -34,6 +38,8 @@ class BodyDecoder:
         self._limit = limit
         self._parts: list[bytes] = []
         self._size = 0
+        self._truncate = truncate
+        self.truncated = False
 
     def feed(self, data: bytes) -> None:
         """Decode and keep one raw chunk."""
@@ -51,9 +57,11 @@ class BodyDecoder:
         return b"".join(self._parts)
 
     def _keep(self, data: bytes) -> None:
+        if self._size + len(data) > self._limit:
+            if not self._truncate:
+                raise ContentTooLarge(self._url, f"decoded body over {self._limit} bytes")
+            data, self.truncated = data[: self._limit - self._size], True
         self._size += len(data)
-        if self._size > self._limit:
-            raise ContentTooLarge(self._url, f"decoded body over {self._limit} bytes")
         self._parts.append(data)
 
 

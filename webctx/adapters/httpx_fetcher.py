@@ -17,7 +17,8 @@ checked before connecting can resolve elsewhere when connecting):
 - Size: the body is read raw and inflated here with a zlib output limit, so a gzip bomb
   never inflates past `max_bytes` (httpx's decoders have no output limit).
 - Politeness (optional, `webctx.net.politeness`): every hop consults robots.txt (fetched through
-  this same guarded client), waits its turn for the host, and a 429/503 pauses the host.
+  this same guarded client, one request per origin at a time: concurrent fetches await the
+  pending one), waits its turn for the host, and a 429/503 pauses the host.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ from webctx.adapters.fetch_loop import FetchLoop
 from webctx.adapters.guarded_transport import (
     GuardedBackend,
     GuardedTransport,
+    NoSlot,
+    checked_url,
     for_url,
+    redirect_location,
     translated,
 )
 from webctx.adapters.http_body import (
@@ -51,7 +55,8 @@ from webctx.adapters.http_body import (
     conditional_headers,
     not_modified,
 )
-from webctx.adapters.revalidate import REDIRECTS, Revalidator, drainable
+from webctx.adapters.revalidate import Revalidator, drainable
+from webctx.adapters.robots_loader import RobotsLoader
 from webctx.errors import (
     BlockedURL,
     FetchError,
@@ -59,19 +64,8 @@ from webctx.errors import (
     HTTPStatusError,
 )
 from webctx.models import Download
-from webctx.net.addresses import (
-    AddressPolicy,
-    Resolver,
-    check_url,
-    system_resolver,
-)
-from webctx.net.politeness import (
-    ROBOTS_MAX_BYTES,
-    Politeness,
-    RobotsRules,
-    parse_retry_after,
-    robots_rules,
-)
+from webctx.net.addresses import AddressPolicy, Resolver, check_url, system_resolver
+from webctx.net.politeness import Politeness, parse_retry_after
 from webctx.protocols import Revalidation
 from webctx.settings import FetchSettings
 
@@ -116,6 +110,7 @@ class HttpxFetcher:
         # Weak values: a host's semaphore lives while some fetch holds or waits on it.
         # Only touched from the loop's thread.
         self._slots = weakref.WeakValueDictionary[str, asyncio.Semaphore]()
+        self._robots = RobotsLoader(settings, self._host_slot)
         self._client: httpx.AsyncClient | None = None
         self._revalidator: Revalidator | None = None
         self._loop = FetchLoop(name="webctx-fetch-loop", on_start=self._forget_loop_state)
@@ -208,6 +203,7 @@ class HttpxFetcher:
         """A new loop (first use, or in a forked child): what belonged to the old one goes."""
         self._client, self._revalidator = None, None
         self._slots = weakref.WeakValueDictionary()
+        self._robots = RobotsLoader(self._settings, self._host_slot)
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
@@ -247,7 +243,7 @@ class HttpxFetcher:
             self._client = self._new_client()
         if self._revalidator is None:
             self._revalidator = self._new_revalidator()
-        target = _checked_url(url)
+        target = checked_url(url)
         try:
             async with asyncio.timeout(total):
                 if self._politeness is not None:
@@ -323,7 +319,7 @@ class HttpxFetcher:
         self, client: httpx.AsyncClient, url: str, current: str, deadline: float
     ) -> Download | str:
         """One request: the download, or the URL a redirect points to."""
-        target = _checked_url(current)
+        target = checked_url(current)
         if self._politeness is not None:
             await self._be_polite(self._politeness, client, target, deadline)
         async with self._host_slot(current, target.host, deadline):
@@ -331,7 +327,7 @@ class HttpxFetcher:
             request = client.build_request("GET", target, headers=conditional)
             response = await client.send(request, stream=True)
             try:
-                location = _redirect_location(response)
+                location = redirect_location(response)
                 if location is None:
                     return await self._download(url, response)
             finally:
@@ -346,41 +342,17 @@ class HttpxFetcher:
     ) -> None:
         """robots.txt, then the host's turn; BlockedURL or FetchTimeout instead of waiting."""
         origin = f"{target.scheme}://{target.netloc.decode('ascii')}"
-        rules = polite.robots.get(origin) if polite.respect_robots else None
-        if rules is None and polite.respect_robots:
-            rules = await self._robots(polite, client, origin, deadline)
-            polite.robots.put(origin, rules)
-        if rules is not None and not rules.allows(str(target)):
-            raise BlockedURL(str(target), "disallowed by robots.txt")
+        rules = None
+        if polite.respect_robots:
+            rules = polite.robots.get(origin) or await self._robots.rules(polite, client, origin)
+            decision = rules.decide(str(target))
+            if not decision.allowed:
+                raise BlockedURL(str(target), decision.reason())
         delay = rules.crawl_delay if rules is not None else None
         wait = polite.pacer.reserve(target.host, delay_s=delay, latest=deadline)
         if wait is None:
             raise FetchTimeout(str(target), f"{target.host} is paced or paused past the deadline")
         await asyncio.sleep(wait)
-
-    async def _robots(
-        self, polite: Politeness, client: httpx.AsyncClient, origin: str, deadline: float
-    ) -> RobotsRules:
-        url = f"{origin}/robots.txt"
-        for _ in range(self._settings.max_redirects + 1):
-            target = _checked_url(url)
-            async with self._host_slot(url, target.host, deadline):
-                response = await client.send(client.build_request("GET", target), stream=True)
-                try:
-                    location = _redirect_location(response)
-                    status, body = response.status_code, b""
-                    if location is None and 200 <= status < 300:
-                        encoding = response.headers.get("content-encoding", "")
-                        decoder = BodyDecoder(url, encoding, ROBOTS_MAX_BYTES)
-                        async for raw in response.aiter_raw():
-                            decoder.feed(raw)
-                        body = decoder.finish()
-                finally:
-                    await response.aclose()
-            if location is None:
-                return robots_rules(status, body, user_agent=polite.user_agent)
-            url = str(target.join(location))
-        return robots_rules(404, b"", user_agent=polite.user_agent)  # RFC 9309: > 5 hops
 
     @contextlib.asynccontextmanager
     async def _host_slot(self, url: str, host: str, deadline: float) -> AsyncIterator[None]:
@@ -396,7 +368,7 @@ class HttpxFetcher:
                 await slot.acquire()  # free: returns at once
         except TimeoutError:
             message = f"no free connection slot for {host} before the deadline"
-            raise FetchTimeout(url, message) from None
+            raise NoSlot(url, message) from None
         try:
             yield
         finally:
@@ -440,21 +412,3 @@ class HttpxFetcher:
                                               "pause_s": pause})  # fmt: skip
         else:
             pacer.ok(host)
-
-
-def _checked_url(url: str) -> httpx.URL:
-    check_url(url)
-    try:
-        target = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise BlockedURL(url, f"malformed URL: {exc}") from exc
-    # Re-check with httpx's own parse: it is the one that decides where we connect.
-    if target.scheme not in ("http", "https") or target.userinfo or not target.host:
-        raise BlockedURL(url, "URL refused after parsing")
-    return target
-
-
-def _redirect_location(response: httpx.Response) -> str | None:
-    if response.status_code in REDIRECTS:
-        return response.headers.get("location") or None
-    return None

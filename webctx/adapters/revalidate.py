@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 import h11
 import httpx
 
-from webctx.adapters.guarded_transport import GuardedBackend
+from webctx.adapters.guarded_transport import REDIRECTS, GuardedBackend
 from webctx.adapters.http_body import declared_length, parse_content_type
 from webctx.errors import FetchError, FetchTimeout
 
-REDIRECTS = frozenset({301, 302, 303, 307, 308})
 DRAIN_BYTES = 64 * 1024
 """An error response declaring at most this much is read to its end, so its connection
 can be reused (a 404 page during a re-index); a longer or unsized one closes it."""
