@@ -178,3 +178,12 @@ def test_decides_every_case_of_the_benchmark_file() -> None:
             if robots.decide(path, agent).allowed is not allowed:
                 wrong.append((group["source"], agent, path))
     assert wrong == []
+
+
+def test_a_refusal_reason_is_valid_text_whatever_the_file_holds() -> None:
+    robots = parse_robots(b"User-agent: *\nDisallow: /\xff" + b"x" * 500 + b"\n")
+    decision = robots.decide("/%FF" + "x" * 500, "webctx")
+    assert not decision.allowed and decision.rule is not None
+    decision.reason().encode("utf-8")  # no lone surrogate from the undecodable byte
+    assert len(decision.rule) < 220
+

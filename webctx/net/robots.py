@@ -223,10 +223,17 @@ def _add(group: Group, key: str, value: str, number: int) -> None:
     if key in ("allow", "disallow"):
         pattern = _pattern(value)
         if pattern:
-            text = f"{'Allow' if key == 'allow' else 'Disallow'}: {value}"
+            text = f"{'Allow' if key == 'allow' else 'Disallow'}: {_printable(value)}"
             group.rules.append(Rule(key == "allow", pattern, number, text))
     elif key == "crawl-delay" and group.crawl_delay is None:
         group.crawl_delay = _delay(value)
+
+
+def _printable(value: str, limit: int = 200) -> str:
+    """A rule's value fit for an error message: undecodable bytes replaced (they would
+    not encode as UTF-8 on the way to Redis or a log), at most `limit` characters."""
+    text = value.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _pattern(value: str) -> str:
