@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from webctx.api.deps import CallerDep, Runtime, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
 from webctx.errors import BatchNotFound, InvalidBatch
-from webctx.jobs.batch_items import BatchItem, parse_items
+from webctx.jobs.batch_items import BatchItem, json_list_lines, parse_items
 from webctx.jobs.batches import BatchStatus, BatchStore
 
 router = APIRouter(prefix="/v1", tags=["batches"])
@@ -25,13 +25,7 @@ def _items(body: bytes, token_budget: int | None, max_sources: int | None) -> li
     """A JSON list of items, or JSONL; InvalidBatch (422) names bad items/lines."""
     text = body.decode("utf-8", errors="replace")
     if text.lstrip().startswith("["):
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidBatch(f"invalid batch: body is not JSON ({exc.msg})") from exc
-        if not isinstance(raw, list):
-            raise InvalidBatch("invalid batch: a JSON body must be a list of items")
-        lines = [json.dumps(entry) for entry in raw]  # item N is reported as line N
+        lines = json_list_lines(text)  # item N is reported as line N
         return parse_items(lines, token_budget=token_budget, max_sources=max_sources)
     return parse_items(text.splitlines(), token_budget=token_budget, max_sources=max_sources)
 

@@ -10,7 +10,13 @@ import fakeredis
 import pytest
 
 from webctx.errors import BatchConflict, InvalidBatch
-from webctx.jobs.batch_items import BatchItem, batch_of_job, item_job_id, parse_items
+from webctx.jobs.batch_items import (
+    BatchItem,
+    batch_of_job,
+    item_job_id,
+    json_list_lines,
+    parse_items,
+)
 from webctx.jobs.batches import BatchStore, FeedLimits, FeedOnItemEnd
 from webctx.jobs.store import JobStore
 from webctx.models import Bundle, JobRequest, JobStatus
@@ -234,3 +240,16 @@ def test_a_cancel_waits_for_a_feed_step_in_progress(jobs: JobStore) -> None:
     cancelling.join(timeout=5)
     meta = store.meta(batch_id)
     assert (meta["state"], meta["cancelled"]) == ("cancelled", "4")
+
+
+def test_deeply_nested_lines_and_items_are_refused_with_their_number() -> None:
+    good = json.dumps({"id": "a", "question": "fine?"})
+    deep = "[" * 5_000 + "]" * 5_000
+    with pytest.raises(InvalidBatch, match=r"line 2: not JSON \(nested too deeply\)"):
+        parse_items([good, deep])
+    with pytest.raises(InvalidBatch, match=r"line 3: not JSON \(nested too deeply\)"):
+        json_list_lines(f"[{good}, {good.replace('a', 'b', 1)}, {deep}]")
+    assert json_list_lines(f" [ {good} ,\n{good} ] ") == [good, good]
+    for broken in ("[", f"[{good}", f"[{good}] x", f"[{good} {good}]", "{}"):
+        with pytest.raises(InvalidBatch):
+            json_list_lines(broken)

@@ -20,6 +20,7 @@ from webctx.models import JobRequest
 
 MAX_LINE_ERRORS = 20
 """An invalid file's error names at most this many lines (and counts the rest)."""
+NESTED_TOO_DEEPLY = "not JSON (nested too deeply)"
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,46 @@ def parse_items(
     return items
 
 
+def json_list_lines(text: str) -> list[str]:
+    """The items of a JSON list body, each as one JSON line (item N becomes line N), so
+    an item nested past the decoder's depth limit is named like a bad JSONL line."""
+    decoder = json.JSONDecoder()
+    lines: list[str] = []
+    pos = _skip_space(text, 0)
+    if not text.startswith("[", pos):
+        raise InvalidBatch("invalid batch: a JSON body must be a list of items")
+    pos = _skip_space(text, pos + 1)
+    if text.startswith("]", pos):
+        return _end_of_list(text, pos, lines)
+    while True:
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise InvalidBatch(f"invalid batch: body is not JSON ({exc.msg})") from exc
+        except RecursionError as exc:
+            number = len(lines) + 1
+            raise InvalidBatch("invalid batch: " + _error_line(number, NESTED_TOO_DEEPLY)) from exc
+        lines.append(json.dumps(item))
+        pos = _skip_space(text, pos)
+        if text.startswith("]", pos):
+            return _end_of_list(text, pos, lines)
+        if not text.startswith(",", pos):
+            raise InvalidBatch("invalid batch: body is not JSON (expecting ',' delimiter)")
+        pos = _skip_space(text, pos + 1)
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _end_of_list(text: str, pos: int, lines: list[str]) -> list[str]:
+    if _skip_space(text, pos + 1) != len(text):
+        raise InvalidBatch("invalid batch: body is not JSON (extra data)")
+    return lines
+
+
 def _parse_line(
     line: str, *, token_budget: int | None, max_sources: int | None
 ) -> tuple[BatchItem | None, str | None]:
@@ -70,6 +111,8 @@ def _parse_line(
         raw = json.loads(line)
     except json.JSONDecodeError as exc:
         return None, f"not JSON ({exc.msg})"
+    except RecursionError:  # the decoder's depth limit: a hostile line, not a crash
+        return None, NESTED_TOO_DEEPLY
     return parse_item(raw, token_budget=token_budget, max_sources=max_sources)
 
 

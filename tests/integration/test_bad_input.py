@@ -1,0 +1,47 @@
+"""Hostile or odd input at the HTTP API and the CLI: refused with a 4xx (or the CLI's
+usage exit) and a reason, never a 500, a traceback, or state that grows without bound.
+A real `webctx api` and `webctx worker` on the test Redis (the module's API stack)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, redis_url, run_cli
+from tests.integration.conftest import ApiStack
+
+# One xdist worker runs this module: its tests share one API stack (module fixture).
+pytestmark = pytest.mark.xdist_group("api_stack")
+
+DEEP = "[" * 5_000 + "]" * 5_000  # ~10 KB; past the JSON decoder's depth limit
+QUESTION = "how do lithium-ion batteries degrade?"
+
+
+def test_deeply_nested_batch_bodies_are_422_with_their_line(api_stack: ApiStack) -> None:
+    good = json.dumps({"id": "a", "question": QUESTION})
+    with api_stack.client() as c:
+        jsonl = c.post("/v1/batches", params={"name": "deep1"},
+                       content=f"{good}\n{DEEP}\n".encode())  # fmt: skip
+        listed = c.post("/v1/batches", params={"name": "deep2"},
+                        content=f"[{good}, {DEEP}]".encode())  # fmt: skip
+        whole = c.post("/v1/batches", params={"name": "deep3"}, content=DEEP.encode())
+        job = c.post("/v1/jobs", content=DEEP.encode(),
+                     headers={"content-type": "application/json"})  # fmt: skip
+    assert 400 <= job.status_code < 500, job.text
+    for resp in (jsonl, listed, whole):
+        assert resp.status_code == 422, resp.text
+        assert "nested too deeply" in resp.json()["message"]
+    assert "line 2" in jsonl.json()["message"] and "line 2" in listed.json()["message"]
+    assert "line 1" in whole.json()["message"]
+
+
+def test_deeply_nested_batch_file_is_a_usage_error_without_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "deep.jsonl"
+    path.write_text(json.dumps({"id": "a", "question": QUESTION}) + "\n" + DEEP + "\n")
+    env = clean_env(CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    done = run_cli(env, "batch", "submit", str(path), "--name", "deep")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "line 2: not JSON (nested too deeply)" in done.stderr
+    assert "Traceback" not in done.stderr
