@@ -20,6 +20,7 @@ import anyio.to_thread
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from webctx.api.limits import check_request_limits
 from webctx.errors import (
     ConfigError,
     Conflict,
@@ -177,6 +178,7 @@ def submit(
     """Start a job for the caller; (job id, True if new). Same idempotency key, same job."""
     from webctx.workers.pipeline import submit_job
 
+    check_request_limits(request, runtime.settings)
     job_id = uuid.uuid4().hex
     if idempotency_key is not None:
         if not 1 <= len(idempotency_key) <= 255:

@@ -31,6 +31,7 @@ from webctx.api.deps import (
     open_runtime,
 )
 from webctx.api.docs import DocsPolicy
+from webctx.api.limits import BodyLimit
 from webctx.errors import (
     ConfigError,
     Conflict,
@@ -103,7 +104,8 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        code = codes.get(exc.status_code, "http_error")
         return JSONResponse(
             {"error": code, "message": str(exc.detail)}, exc.status_code, headers=exc.headers
         )
@@ -159,6 +161,9 @@ def create_app(settings: Settings | None = None, *, host: str | None = None) -> 
     )
     app.add_middleware(DocsPolicy)
     _install_handlers(app)
+    # A batch is many questions in one body; everything else is one small JSON object.
+    batch_cap = [("/v1/batches", settings.batch.max_body_bytes)]
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes, by_path=batch_cap)
     app.include_router(jobs.router)
     app.include_router(context.router)
     app.include_router(batches.router)

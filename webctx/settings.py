@@ -72,6 +72,8 @@ class BatchSettings(BaseModel):
     """A running batch's feeder runs at least this often (besides on each item's end)."""
     price_per_1k_tokens: float = Field(default=0.00002, ge=0)
     """Embedding price for the cost estimate (text-embedding-3-small: $0.02 per 1M tokens)."""
+    max_body_bytes: int = Field(default=50_000_000, ge=1_000)
+    """A `POST /v1/batches` body over this is refused with 413 while it is read."""
 
 
 class IndexSettings(BaseModel):
@@ -180,6 +182,13 @@ class Settings(BaseSettings):
     local_tenant: str = "local"
     api_rate_limit_per_minute: int = Field(default=120, ge=1)
     api_context_timeout_s: float = Field(default=120.0, gt=0)
+    api_max_body_bytes: int = Field(default=1_000_000, ge=1_000)
+    """A request body over this is refused with 413 while it is read (chunked ones too);
+    `POST /v1/batches` has `batch.max_body_bytes` instead."""
+    api_max_domains: int = Field(default=100, ge=1)
+    """Entries of a job's `include_domains` / `exclude_domains` at most (422 beyond)."""
+    api_max_domain_chars: int = Field(default=253, ge=1)
+    """Characters of one such entry at most (a DNS name has at most 253; 422 beyond)."""
 
     fetch: FetchSettings = FetchSettings()
     chunk: ChunkSettings = ChunkSettings()

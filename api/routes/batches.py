@@ -12,13 +12,12 @@ from fastapi.responses import StreamingResponse
 
 from webctx.api.deps import CallerDep, Runtime, RuntimeDep
 from webctx.api.routes.jobs import ERRORS
-from webctx.errors import BatchNotFound, InvalidBatch
+from webctx.errors import BatchNotFound
 from webctx.jobs.batch_items import BatchItem, json_list_lines, parse_items
 from webctx.jobs.batches import BatchStatus, BatchStore
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 BatchId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A batch id.")]
-MAX_BODY_BYTES = 50_000_000
 
 
 def _items(body: bytes, token_budget: int | None, max_sources: int | None) -> list[BatchItem]:
@@ -70,9 +69,7 @@ async def create_batch(
     The same name and items return the same batch (nothing finished is redone); the same
     name with other items is 409.
     """
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise InvalidBatch(f"invalid batch: body over {MAX_BODY_BYTES} bytes")
+    body = await request.body()  # at most WEBCTX_BATCH__MAX_BODY_BYTES (api/limits.py)
     items = _items(body, token_budget, max_sources)
 
     def submit() -> tuple[str, bool]:

@@ -5,9 +5,11 @@ A real `webctx api` and `webctx worker` on the test Redis (the module's API stac
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.conftest import clean_env, redis_url, run_cli
 from tests.integration.conftest import ApiStack
@@ -17,6 +19,10 @@ pytestmark = pytest.mark.xdist_group("api_stack")
 
 DEEP = "[" * 5_000 + "]" * 5_000  # ~10 KB; past the JSON decoder's depth limit
 QUESTION = "how do lithium-ion batteries degrade?"
+
+
+def _redis_bytes(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
 
 
 def test_deeply_nested_batch_bodies_are_422_with_their_line(api_stack: ApiStack) -> None:
@@ -45,3 +51,45 @@ def test_deeply_nested_batch_file_is_a_usage_error_without_traceback(tmp_path: P
     assert done.returncode == 2, done.stderr[-2000:]
     assert "line 2: not JSON (nested too deeply)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _chunks(total: int, size: int = 64 * 1024) -> Iterator[bytes]:
+    yield b'{"question": "q", "include_domains": ["'
+    sent = 0
+    while sent < total:
+        yield b"a" * size
+        sent += size
+    yield b'"]}'
+
+
+def test_oversized_job_bodies_are_413_also_when_chunked(api_stack: ApiStack) -> None:
+    client = redis.Redis.from_url(redis_url())
+    before = _redis_bytes(client)
+    with api_stack.client() as c:
+        declared = c.post("/v1/jobs", json={"question": QUESTION,
+                                            "include_domains": ["a" * 5_000_000]})  # fmt: skip
+        # A generator body goes out chunked, without Content-Length.
+        chunked = c.post("/v1/jobs", content=_chunks(20_000_000))
+        many = c.post("/v1/context", json={"question": QUESTION,
+                                           "include_domains": ["x.io"] * 200_000})  # fmt: skip
+    for resp in (declared, chunked, many):
+        assert resp.status_code == 413, resp.text[:300]
+        assert resp.json()["error"] == "too_large"
+    assert chunked.request.headers.get("transfer-encoding") == "chunked"
+    assert _redis_bytes(client) - before < 5_000_000  # nothing of it was stored
+    client.close()
+
+
+def test_domain_lists_past_their_caps_are_422(api_stack: ApiStack) -> None:
+    with api_stack.client() as c:
+        long_list = c.post("/v1/jobs", json={"question": QUESTION,
+                                             "include_domains": ["x.io"] * 101})  # fmt: skip
+        long_entry = c.post("/v1/context", json={"question": QUESTION, "timeout_s": 1,
+                                                 "exclude_domains": ["a" * 254]})  # fmt: skip
+        at_caps = c.post("/v1/jobs", json={"question": QUESTION, "max_sources": 1,
+                                           "include_domains": ["a" * 253] * 100})  # fmt: skip
+    assert long_list.status_code == 422, long_list.text
+    assert "include_domains" in long_list.json()["message"]
+    assert long_entry.status_code == 422, long_entry.text
+    assert "exclude_domains.0" in long_entry.json()["message"]
+    assert at_caps.status_code == 202, at_caps.text
