@@ -122,11 +122,45 @@ def _wait_and_write(
         feed(store, settings, batch_id)  # a waiting client also moves the batch (lost ticks)
         return store.status(batch_id, price_per_1k_tokens=price)
 
-    status = _follow(poll, sys.stderr)
+    outage_s = settings.job_timeout_s
+    status = _follow(_through_outages(poll, give_up_after_s=outage_s, stream=sys.stderr),
+                     sys.stderr)  # fmt: skip
     _write_results(store, batch_id, out)
     typer.echo(json.dumps({"batch": batch_id, **_summary(status)}), err=True)
     if status.state == "cancelled":
         raise fail(f"batch {batch_id} was cancelled", code=1)
+
+
+def _through_outages(
+    poll: Callable[[], BatchStatus],
+    *,
+    give_up_after_s: float,
+    stream: TextIO,
+    interval_s: float = 1.0,
+) -> Callable[[], BatchStatus]:
+    """`poll`, retried while Redis is unreachable (a restart, a failover), as `webctx
+    research` waits; the error goes on once Redis has been away `give_up_after_s`."""
+
+    def guarded() -> BatchStatus:
+        down_since: float | None = None
+        while True:
+            try:
+                status = poll()
+            except (redis.RedisError, OperationalError) as exc:
+                now = time.monotonic()
+                if down_since is None:
+                    down_since = now
+                    print(f"job state store unreachable, still waiting: {exc}", file=stream,
+                          flush=True)  # fmt: skip
+                if now - down_since > give_up_after_s:
+                    raise
+                time.sleep(interval_s)
+                continue
+            if down_since is not None:
+                print("job state store reachable again", file=stream, flush=True)
+            return status
+
+    return guarded
 
 
 def _summary(status: BatchStatus) -> dict[str, object]:

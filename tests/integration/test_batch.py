@@ -3,9 +3,12 @@ the HTTP API."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import pytest
 import redis
 
 from tests.conftest import clean_env, redis_url, run_cli
-from tests.integration.conftest import ApiProcess, items_after_a_research_job
+from tests.integration.conftest import ApiProcess, free_port, items_after_a_research_job
 from tests.testweb import LoopbackWeb
 from webctx.jobs.batches import BatchStatus, BatchStore
 from webctx.jobs.store import JobStore
@@ -241,3 +244,77 @@ def test_a_page_past_the_cache_window_is_revalidated_with_a_conditional_get(
         json.loads(line)["bundle"] for line in (tmp_path / "r2.jsonl").read_text().splitlines()
     ]
     assert all(b["chunks"] for b in bundles)
+
+
+class OwnRedis:
+    """A redis-server of this test's own on an ephemeral port, AOF in `data`: stopped and
+    started again with the same data, as a restart or failover would."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "yes", "--dir", str(self.data)]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        """SHUTDOWN: the AOF is flushed, every record survives the restart."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(redis.ConnectionError):
+                redis.Redis.from_url(self.url).shutdown()
+            self.proc.wait(timeout=10)
+
+
+def test_batch_wait_polls_through_a_redis_outage(
+    test_web: LoopbackWeb, tmp_path: Path, start_worker
+) -> None:
+    own = OwnRedis(tmp_path)
+    own.start()
+    env = clean_env(**test_web.env(), CELERY_BROKER_URL=own.url,
+                    WEBCTX_QDRANT_PATH=str(tmp_path / "q"), WEBCTX_BATCH__TICK_S="1")  # fmt: skip
+    questions = _write(tmp_path / "q.jsonl", QUESTIONS[:2])
+    out, log = tmp_path / "out.jsonl", (tmp_path / "cli.log").open("w")
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "webctx.cli", "batch", "submit", str(questions), "--name", "o",
+         "--max-sources", "2", "--wait", "--out", str(out)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        client = redis.Redis.from_url(own.url)
+        deadline = time.monotonic() + 30
+        while not client.keys("webctx:batch:*") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.close()
+        time.sleep(1.5)  # the CLI is polling now
+        own.stop()
+        time.sleep(4)  # a few seconds without Redis
+        assert cli.poll() is None, (tmp_path / "cli.log").read_text()[-2000:]
+        own.start()
+        start_worker(env, "-c", "2")
+        assert cli.wait(timeout=120) == 0, (tmp_path / "cli.log").read_text()[-3000:]
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["id"] for r in records] == ["q-0", "q-1"]
+        assert "unreachable, still waiting" in (tmp_path / "cli.log").read_text()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        own.stop()
+        log.close()
