@@ -136,6 +136,7 @@ def site_pages(other_url: str) -> dict[str, SitePage]:
         "/to-other": SitePage(redirect_to=f"{other_url}/"),
         "/to-other-decimal": SitePage(redirect_to=f"http://2130706434:{other_port}/"),
         "/to-ftp": SitePage(redirect_to="ftp://127.0.0.1/file"),
+        "/to-data": SitePage(redirect_to="data:text/html,<script>alert(1)</script>"),
     }
 
 

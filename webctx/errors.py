@@ -17,6 +17,7 @@ WebctxError
 |   +-- ProviderUnavailable      # 5xx / connection errors from search, embeddings, store
 +-- FetchError(url)
 |   +-- BlockedURL               # SSRF guard, scheme, robots.txt
+|   +-- InvalidRedirect          # a redirect's Location is no URL httpx can parse
 |   +-- ContentTooLarge
 |   +-- UnsupportedContent       # not HTML / XHTML / plain text
 |   +-- HTTPStatusError(status)
@@ -132,6 +133,12 @@ class BlockedURL(FetchError):
     """The URL is refused by policy (scheme, address, robots.txt)."""
 
     reason = "blocked"
+
+
+class InvalidRedirect(FetchError):
+    """A redirect points to something that is no parsable URL (`data:…`, garbage)."""
+
+    reason = "invalid_redirect"
 
 
 class ContentTooLarge(FetchError):

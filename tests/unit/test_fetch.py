@@ -8,6 +8,7 @@ packet leaves loopback even if the guard were broken.
 from __future__ import annotations
 
 import hashlib
+import logging
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from webctx.errors import (
     ExtractionError,
     FetchError,
     HTTPStatusError,
+    InvalidRedirect,
     UnsupportedContent,
 )
 from webctx.net.addresses import AddressPolicy
@@ -151,6 +153,17 @@ def test_fetch_refuses_redirect_to_disallowed_target(
         fetcher.fetch(site.url(path))
     assert info.value.url == site.url(path)
     assert sum(site.other_hits.values()) == 0
+
+
+def test_redirect_to_an_unparsable_url_fails_as_invalid_redirect(
+    site: Site, fetcher: HttpxFetcher, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = site.hits["/to-data"]
+    with caplog.at_level(logging.WARNING), pytest.raises(InvalidRedirect) as info:
+        fetcher.fetch(site.url("/to-data"))
+    assert info.value.reason == "invalid_redirect" and info.value.url == site.url("/to-data")
+    assert site.hits["/to-data"] == before + 1  # the site really sent that Location
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_fetch_refuses_private_address(site: Site) -> None:

@@ -62,6 +62,7 @@ from webctx.errors import (
     FetchError,
     FetchTimeout,
     HTTPStatusError,
+    InvalidRedirect,
 )
 from webctx.models import Download
 from webctx.net.addresses import AddressPolicy, Resolver, check_url, system_resolver
@@ -313,6 +314,8 @@ class HttpxFetcher:
             raise for_url(exc, url) from exc
         except httpx.HTTPError as exc:  # anything the transport did not translate
             raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
+        except httpx.InvalidURL as exc:  # no HTTPError: httpx parses a Location it won't follow
+            raise InvalidRedirect(url, f"redirect to an unparsable URL: {exc}") from exc
         raise FetchError(url, f"more than {self._settings.max_redirects} redirects")
 
     async def _hop(
@@ -335,7 +338,7 @@ class HttpxFetcher:
         try:
             return str(target.join(location))
         except httpx.InvalidURL as exc:
-            raise BlockedURL(current, f"bad redirect Location {location!r}: {exc}") from exc
+            raise InvalidRedirect(current, f"bad redirect Location {location!r}: {exc}") from exc
 
     async def _be_polite(
         self, polite: Politeness, client: httpx.AsyncClient, target: httpx.URL, deadline: float
