@@ -32,10 +32,12 @@ def sources_add(
 ) -> None:
     """Register a source; the next beat tick indexes it."""
     from webctx.index.sources import parse_interval
+    from webctx.workers.deps import check_source_url
 
     if kind not in ("auto", "page", "sitemap", "feed"):
         raise fail(f"invalid --kind {kind!r}")
     try:
+        check_source_url(get_settings(), url)
         source = _index_stores().sources.add(
             tenant or get_settings().local_tenant, url, every_s=parse_interval(every),
             kind=kind,  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import fakeredis
 import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
-from webctx.errors import ConfigError
+from webctx.errors import BlockedURL, ConfigError, InvalidRequest
 from webctx.index.page_records import PageRecords
 from webctx.index.runs import RefreshRuns
 from webctx.index.sources import SourceRegistry
@@ -25,6 +25,7 @@ from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobObserver, JobStore
 from webctx.jobs.tenants import TenantStore
 from webctx.models import Page
+from webctx.net.addresses import AddressPolicy
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
 from webctx.settings import Settings
@@ -142,18 +143,34 @@ def build_search(settings: Settings) -> SearchProvider:
     return DdgsSearch()
 
 
+def address_policy(settings: Settings) -> AddressPolicy:
+    """The network guard's address policy from the settings."""
+    return AddressPolicy(
+        allow_private=settings.allow_private_networks,
+        allowed_networks=settings.allowed_networks,
+    )
+
+
+def check_source_url(settings: Settings, url: str) -> None:
+    """InvalidRequest with the network guard's reason when no fetch of `url` would pass it:
+    refused at registration instead of failing at every re-index."""
+    from webctx.net.portpolicy import check_target
+
+    try:
+        check_target(url, policy=address_policy(settings),
+                     allowed_ports=settings.fetch.allowed_ports)  # fmt: skip
+    except BlockedURL as exc:
+        raise InvalidRequest(f"source URL refused: {exc}") from exc
+
+
 def build_fetcher(settings: Settings, *, state: redis.Redis | None = None) -> ConditionalFetcher:
     """The httpx fetcher under the configured address policy; with `state` (the job
     store's Redis, in broker mode) its per-host pace and 429 pauses are kept there, shared
     by every fetch worker. The embedded default (one process) keeps them in the process."""
     from webctx.adapters.httpx_fetcher import HttpxFetcher
-    from webctx.net.addresses import AddressPolicy
     from webctx.net.politeness import Politeness
 
-    policy = AddressPolicy(
-        allow_private=settings.allow_private_networks,
-        allowed_networks=settings.allowed_networks,
-    )
+    policy = address_policy(settings)
     politeness = Politeness.from_settings(settings.fetch, shared=state)
     return HttpxFetcher(settings.fetch, policy=policy, politeness=politeness)
 

@@ -46,11 +46,16 @@ class RunOut(BaseModel):
 @router.post("/sources", status_code=status.HTTP_201_CREATED, responses=ERRORS)
 async def add_source(body: SourceIn, runtime: RuntimeDep, caller: CallerDep) -> Source:
     """Register (or update) a source; the next schedule tick indexes it."""
+    from webctx.workers.deps import check_source_url
+
     every_s = parse_interval(body.every)
     registry = runtime.stores.sources
-    return await anyio.to_thread.run_sync(
-        lambda: registry.add(caller.tenant, body.url, every_s=every_s, kind=body.kind)
-    )
+
+    def add() -> Source:
+        check_source_url(runtime.settings, body.url)  # may resolve the host: off the loop
+        return registry.add(caller.tenant, body.url, every_s=every_s, kind=body.kind)
+
+    return await anyio.to_thread.run_sync(add)
 
 
 @router.get("/sources", responses=ERRORS)

@@ -93,3 +93,29 @@ def test_domain_lists_past_their_caps_are_422(api_stack: ApiStack) -> None:
     assert long_entry.status_code == 422, long_entry.text
     assert "exclude_domains.0" in long_entry.json()["message"]
     assert at_caps.status_code == 202, at_caps.text
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.2:{port}/sitemap.xml", "http://10.0.0.1/feed.xml",
+     "http://user:secret@127.0.0.1:{port}/a.html", "http://169.254.169.254/latest"],
+)  # fmt: skip
+def test_sources_on_forbidden_addresses_are_refused_at_registration(
+    api_stack: ApiStack, url: str
+) -> None:
+    port = api_stack.web.site.port
+    with api_stack.client() as c:
+        resp = c.post("/v1/sources", json={"url": url.format(port=port), "every": "1h"})
+        assert resp.status_code == 422, resp.text
+        assert "source URL refused" in resp.json()["message"]
+        assert c.get("/v1/sources").json() == []
+        allowed = c.post("/v1/sources", json={"url": f"{api_stack.web.site.url}/a.html"})
+        assert allowed.status_code == 201, allowed.text
+        assert c.delete(f"/v1/sources/{allowed.json()['source_id']}").status_code == 204
+
+
+def test_cli_refuses_a_source_on_a_forbidden_address(api_stack: ApiStack) -> None:
+    url = f"http://127.0.0.2:{api_stack.web.site.port}/sitemap.xml"
+    done = run_cli(api_stack.env, "sources", "add", url)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "source URL refused" in done.stderr and "127.0.0.2" in done.stderr

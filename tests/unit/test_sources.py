@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 
 import pytest
 import redis
 
 from tests.conftest import redis_url
+from tests.fetch_site import LOOPBACK_ONLY, SETTINGS, no_dns
+from webctx.adapters.httpx_fetcher import HttpxFetcher
+from webctx.devweb.server import LoopbackServer
+from webctx.devweb.site import SitePage, make_site_app
 from webctx.errors import InvalidRequest, InvalidTenant
+from webctx.index.refresh import RefreshReport
 from webctx.index.sources import Source, SourceRegistry, discover_urls, parse_interval
 from webctx.models import Download
 
@@ -126,3 +132,34 @@ def test_xml_entities_are_not_expanded() -> None:
     site = XmlSite({BASE + "/sitemap.xml": bomb})
     found = discover_urls(source(BASE + "/sitemap.xml"), site, max_pages=10)
     assert all("aaaaaaaaaa" not in u for u in found.urls)
+
+
+def test_a_forbidden_sitemap_index_entry_is_skipped_and_reported() -> None:
+    """A real fetcher under the guard: 127.0.0.1 allowed, the entry on 127.0.0.2 refused."""
+    ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
+    xml = "application/xml"
+    other_hits: collections.Counter[str] = collections.Counter()
+    forbidden_map = SitePage(f"<urlset {ns}><url><loc>/secret</loc></url></urlset>",
+                             content_type=xml)  # fmt: skip
+    other = LoopbackServer(make_site_app({"/s.xml": forbidden_map}, hits=other_hits), "127.0.0.2")
+    with other:
+        pages = {
+            "/sitemap.xml": SitePage(f"<sitemapindex {ns}><sitemap><loc>{other.url}/s.xml</loc>"
+                                     "</sitemap><sitemap><loc>/s1.xml</loc></sitemap>"
+                                     "</sitemapindex>", content_type=xml),
+            "/s1.xml": SitePage(f"<urlset {ns}><url><loc>/a</loc></url></urlset>",
+                                content_type=xml),
+        }  # fmt: skip
+        with LoopbackServer(make_site_app(pages)) as main:
+            fetcher = HttpxFetcher(SETTINGS, policy=LOOPBACK_ONLY, resolver=no_dns)
+            try:
+                found = discover_urls(source(main.url + "/sitemap.xml"), fetcher, max_pages=10)
+            finally:
+                fetcher.close()
+    assert found.urls == [main.url + "/a"]
+    assert len(found.skipped) == 1 and found.skipped[0].startswith(f"{other.url}/s.xml: ")
+    assert "127.0.0.2" in found.skipped[0]
+    assert not found.complete  # the skipped sitemap's pages are not dropped from the index
+    assert sum(other_hits.values()) == 0
+    report = RefreshReport(source_id="s1", skipped=found.skipped).as_dict()
+    assert report["skipped"] == 1 and "127.0.0.2" in str(report["skipped_entries"])

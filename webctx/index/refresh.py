@@ -89,6 +89,8 @@ class RefreshReport:
     swept: int = 0
     seconds: float = 0.0
     error: str | None = None
+    skipped: list[str] = field(default_factory=list)
+    """Sitemap index entries the network guard refused ("<url>: <reason>")."""
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         """Flat counts for logs, the run record and the CLI."""
@@ -96,7 +98,8 @@ class RefreshReport:
                 **{k: self.outcomes.get(k, 0) for k in Outcome.__args__},  # type: ignore[attr-defined]
                 "chunks_embedded": self.chunks_embedded, "embed_requests": self.embed_requests,
                 "swept": self.swept, "seconds": round(self.seconds, 3),
-                "error": self.error}  # fmt: skip
+                "error": self.error, "skipped": len(self.skipped),
+                "skipped_entries": "; ".join(self.skipped[:5]) or None}  # fmt: skip
 
 
 @dataclass
@@ -121,6 +124,10 @@ def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
         report.seconds = time.monotonic() - started
         return report  # the pages stay as they are: a flaky sitemap removes nothing
     report.discovered = len(found.urls)
+    report.skipped = found.skipped
+    if found.skipped:
+        logger.warning("sitemap entries skipped", extra={"tenant": source.tenant,
+                       "source_id": source.source_id, "skipped": found.skipped[:20]})  # fmt: skip
     results = _reindex_urls(source, found.urls, ctx)
     ctx.records.touch_many(source.tenant, [r.touch for r in results if r.touch])
     for result in results:

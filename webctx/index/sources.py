@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 from urllib.parse import urljoin, urlsplit
 
@@ -25,7 +25,7 @@ import redis
 from lxml import etree
 from pydantic import BaseModel, Field
 
-from webctx.errors import InvalidRequest
+from webctx.errors import BlockedURL, InvalidRequest
 from webctx.jobs.tenants import check_tenant
 from webctx.protocols import ConditionalFetcher
 
@@ -187,10 +187,12 @@ MAX_SITEMAP_DEPTH = 2
 
 @dataclass
 class Discovery:
-    """The page URLs of a source; `complete` when a sitemap listed them all (drop detection)."""
+    """The page URLs of a source; `complete` when a sitemap listed them all (drop detection);
+    `skipped`: sitemap index entries the network guard refused ("<url>: <reason>")."""
 
     urls: list[str]
     complete: bool
+    skipped: list[str] = field(default_factory=list)
 
 
 def discover_urls(source: Source, fetcher: ConditionalFetcher, *, max_pages: int) -> Discovery:
@@ -203,8 +205,12 @@ def discover_urls(source: Source, fetcher: ConditionalFetcher, *, max_pages: int
     if root is None or _local(root.tag) not in ("urlset", "sitemapindex", "rss", "feed", "RDF"):
         return Discovery([source.url], complete=False)  # an ordinary page after all
     if _local(root.tag) in ("urlset", "sitemapindex"):
-        urls = _sitemap_urls(root, download.final_url, fetcher, max_pages=max_pages, depth=0)
-        return Discovery(_unique(urls)[:max_pages], complete=len(urls) < max_pages)
+        skipped: list[str] = []
+        urls = _sitemap_urls(root, download.final_url, fetcher, max_pages=max_pages, depth=0,
+                             skipped=skipped)  # fmt: skip
+        # A skipped sitemap's pages are unlisted, not gone: no drops from this run.
+        complete = len(urls) < max_pages and not skipped
+        return Discovery(_unique(urls)[:max_pages], complete=complete, skipped=skipped)
     return Discovery(_unique(_feed_urls(root, download.final_url))[:max_pages], complete=False)
 
 
@@ -223,7 +229,13 @@ def _local(tag: object) -> str:
 
 
 def _sitemap_urls(
-    root: Any, base: str, fetcher: ConditionalFetcher, *, max_pages: int, depth: int
+    root: Any,
+    base: str,
+    fetcher: ConditionalFetcher,
+    *,
+    max_pages: int,
+    depth: int,
+    skipped: list[str],
 ) -> list[str]:
     locs = [urljoin(base, (el.text or "").strip()) for el in root.iter()
             if _local(el.tag) == "loc" and (el.text or "").strip()]  # fmt: skip
@@ -233,11 +245,15 @@ def _sitemap_urls(
     for child in locs:  # a sitemap index: each <loc> is another sitemap
         if depth >= MAX_SITEMAP_DEPTH or len(urls) >= max_pages:
             break
-        download = fetcher.fetch(child, media_types=XML_TYPES)
+        try:
+            download = fetcher.fetch(child, media_types=XML_TYPES)
+        except BlockedURL as exc:  # one bad entry (a private address): skip it, not the index
+            skipped.append(f"{child}: {exc}")
+            continue
         sub = _parse_xml(download.body)
         if sub is not None and _local(sub.tag) in ("urlset", "sitemapindex"):
-            found = _sitemap_urls(sub, download.final_url, fetcher,
-                                  max_pages=max_pages - len(urls), depth=depth + 1)  # fmt: skip
+            found = _sitemap_urls(sub, download.final_url, fetcher, max_pages=max_pages - len(urls),
+                                  depth=depth + 1, skipped=skipped)  # fmt: skip
             urls += found
     return urls
 

@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Collection, Sequence
+from urllib.parse import urlsplit
 
-from webctx.errors import BlockedURL
-from webctx.net.addresses import AddressPolicy, IPAddress, is_forbidden_address, normalise_ip
+from webctx.errors import BlockedURL, FetchError
+from webctx.net.addresses import (
+    AddressPolicy,
+    IPAddress,
+    Resolver,
+    check_url,
+    is_forbidden_address,
+    normalise_ip,
+    resolve_checked,
+    system_resolver,
+)
 
 
 def check_port(
@@ -34,3 +44,26 @@ def check_port(
         if policy.allow_private and is_forbidden_address(ip):
             continue
         raise BlockedURL(host, f"port {port} not allowed for {ip} (WEBCTX_FETCH__ALLOWED_PORTS)")
+
+
+def check_target(
+    url: str,
+    *,
+    policy: AddressPolicy,
+    allowed_ports: Collection[int],
+    resolver: Resolver = system_resolver,
+) -> None:
+    """Raise BlockedURL if a fetch of `url` would be refused now: its form (scheme,
+    userinfo), its host's addresses or its port. A name that does not resolve passes: it
+    may resolve later, and every fetch checks again."""
+    check_url(url)
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    try:
+        addresses = resolve_checked(host, port, policy=policy, resolver=resolver)
+    except BlockedURL:
+        raise
+    except FetchError:
+        return
+    check_port(host, port, addresses, policy=policy, allowed_ports=allowed_ports)
