@@ -101,7 +101,7 @@ def sources_refresh(
     if not chosen:
         raise fail("no sources to refresh", code=1)
     try:
-        run_id = start_refresh(settings, stores.runs, chosen)
+        run_id = start_refresh(settings, stores.runs, name, chosen)
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     if not wait:

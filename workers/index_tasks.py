@@ -168,9 +168,13 @@ def consumers_of(queue: str, timeout_s: float = 1.0) -> list[str]:
                   if any(q.get("name") == queue for q in queues or ()))  # fmt: skip
 
 
-def start_refresh(settings: Settings, runs: RefreshRuns, sources: Sequence[Source]) -> str:
-    """Re-index `sources` now, outside the schedule; returns the run id to wait on."""
-    run_id = runs.start([s.tenant for s in sources], len(sources))
+def start_refresh(
+    settings: Settings, runs: RefreshRuns, tenant: str, sources: Sequence[Source]
+) -> str:
+    """Re-index `tenant`'s `sources` now, outside the schedule; returns the run id to wait on."""
+    if any(source.tenant != tenant for source in sources):
+        raise ValueError("a run re-indexes the sources of one tenant")
+    run_id = runs.start(tenant, len(sources))
     for source in sources:
         if settings.embedded:  # no broker: run here, now
             refresh.run(source.tenant, source.source_id, run_id)

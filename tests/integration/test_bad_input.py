@@ -119,3 +119,14 @@ def test_cli_refuses_a_source_on_a_forbidden_address(api_stack: ApiStack) -> Non
     done = run_cli(api_stack.env, "sources", "add", url)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "source URL refused" in done.stderr and "127.0.0.2" in done.stderr
+
+
+def test_refresh_run_without_sources_is_readable_by_its_creator(api_stack: ApiStack) -> None:
+    with api_stack.client("alpha") as alpha, api_stack.client("beta") as beta:
+        run = alpha.post("/v1/sources/refresh", json={})
+        assert run.status_code == 202, run.text
+        assert run.json()["pending"] == 0 and run.json()["tenant"] == "alpha"
+        run_id = run.json()["run_id"]
+        mine = alpha.get(f"/v1/sources/runs/{run_id}")
+        assert mine.status_code == 200 and mine.json()["run_id"] == run_id
+        assert beta.get(f"/v1/sources/runs/{run_id}").status_code == 404

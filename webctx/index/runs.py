@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, cast
 
 import redis
@@ -46,12 +46,13 @@ class RefreshRuns:
         """Release the source's run lock."""
         self._redis.delete(self._lock(tenant, source_id))
 
-    def start(self, tenants: Sequence[str], count: int) -> str:
-        """Record a manual run of `count` sources of `tenants`; its id."""
+    def start(self, tenant: str, count: int) -> str:
+        """Record a manual run of `count` sources, started by `tenant` (also with none: the
+        run is its creator's to read); its id."""
         run_id = uuid.uuid4().hex
         key = self._run(run_id)
         fields: dict[Any, Any] = {"pending": count, "started_at": f"{time.time():.3f}",
-                                  "tenant": ",".join(sorted(set(tenants)))}  # fmt: skip
+                                  "tenant": tenant}  # fmt: skip
         pipe = self._redis.pipeline()
         pipe.hset(key, mapping=fields)
         pipe.expire(key, RUN_TTL_S)
