@@ -15,9 +15,11 @@ from webctx.api.routes.jobs import (
     JobOut,
     JobSubmit,
     OutputFormat,
+    finished_bundle,
     job_out,
     markdown_response,
 )
+from webctx.errors import Conflict
 from webctx.models import Bundle
 
 router = APIRouter(prefix="/v1", tags=["context"])
@@ -41,7 +43,8 @@ class ContextRequest(JobSubmit):
         **ERRORS,
         200: {
             "content": {"text/markdown": {"schema": {"type": "string"}}},
-            "description": "The finished job's bundle (JSON, or Markdown if format=markdown).",
+            "description": "The finished job's bundle (JSON, or Markdown if format=markdown); "
+            "a failed job's lists its failures.",
         },
         202: {"model": JobOut, "description": "Not finished within the timeout."},
     },
@@ -61,7 +64,9 @@ async def research_context(
     response.headers["X-Webctx-Job-Id"] = job_id
     timeout_s = min(body.timeout_s, runtime.settings.api_context_timeout_s)
     progress = await wait_for_finish(runtime, job_id, timeout_s=timeout_s)
-    found = await anyio.to_thread.run_sync(runtime.jobs.bundle, job_id)
+    found = await anyio.to_thread.run_sync(finished_bundle, runtime, progress)
+    if found is None and progress.finished:  # cancelled: no bundle, as GET .../bundle says
+        raise Conflict(f"job {job_id} is {progress.status.value}: it has no bundle")
     if found is None:
         out = job_out(progress, fmt=body.format)
         headers = {"Location": out.links.status, "X-Webctx-Job-Id": job_id}

@@ -21,6 +21,7 @@ from webctx.api.deps import (
     submit,
 )
 from webctx.errors import Conflict, JobNotFound
+from webctx.jobs.fanin import failure_bundle
 from webctx.jobs.store import JobProgress
 from webctx.models import Bundle, JobRequest, JobStatus
 
@@ -195,11 +196,19 @@ def read_bundle(
     format: Annotated[OutputFormat, Query()] = OutputFormat.json,
 ) -> Bundle:
     """The job's cited bundle (also for a failed job: it lists the failures); 409 before."""
-    found = runtime.jobs.bundle(job.job_id)
+    found = finished_bundle(runtime, job)
     if found is None:
         raise Conflict(f"job {job.job_id} is {job.status.value}: it has no bundle yet")
     if format is OutputFormat.markdown:
         return markdown_response(found)  # type: ignore[return-value]
+    return found
+
+
+def finished_bundle(runtime: Runtime, job: JobProgress) -> Bundle | None:
+    """The job's bundle; a failed job that stored none gets one listing its failures."""
+    found = runtime.jobs.bundle(job.job_id)
+    if found is None and job.status is JobStatus.FAILED:
+        return failure_bundle(runtime.jobs, job.job_id)
     return found
 
 

@@ -5,6 +5,7 @@ A real `webctx api` and `webctx worker` on the test Redis (the module's API stac
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +94,20 @@ def test_domain_lists_past_their_caps_are_422(api_stack: ApiStack) -> None:
     assert long_entry.status_code == 422, long_entry.text
     assert "exclude_domains.0" in long_entry.json()["message"]
     assert at_caps.status_code == 202, at_caps.text
+
+
+def test_context_of_a_failed_job_returns_its_bundle(api_stack: ApiStack) -> None:
+    body = {"question": QUESTION, "include_domains": ["nothing-matches.invalid"],
+            "timeout_s": 60}  # fmt: skip
+    started = time.monotonic()
+    with api_stack.client() as c:
+        resp = c.post("/v1/context", json=body, timeout=90)
+        assert resp.status_code == 200, resp.text
+        job_id = resp.headers["x-webctx-job-id"]
+        assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "failed"
+        assert c.get(f"/v1/jobs/{job_id}/bundle").json() == resp.json()
+    assert resp.json()["job_id"] == job_id and resp.json()["sources"] == []
+    assert time.monotonic() - started < 50  # answered when it failed, not at the timeout
 
 
 @pytest.mark.parametrize(

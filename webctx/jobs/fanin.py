@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from webctx.jobs.store import JobStore
-from webctx.models import Failure, JobStatus
+from webctx.models import Bundle, BundleStats, Failure, JobStatus
+from webctx.stages.bundle import build_bundle
 from webctx.stages.search import merge_results
 
 Start = Callable[[str, Sequence[tuple[str | int, ...]]], None]
@@ -56,6 +57,8 @@ class FanIn:
         chosen = [r.url for r in merged[: request.max_sources]]
         if not chosen:
             error = _no_results_error(self.jobs.failures(job_id))
+            # Like a job whose every page failed: a bundle listing why, then the status.
+            self.jobs.save_bundle(job_id, failure_bundle(self.jobs, job_id))
             self.jobs.set_status(job_id, JobStatus.FAILED, error=error)
             return
         url_ids = self.jobs.set_urls(job_id, chosen)
@@ -81,6 +84,15 @@ class FanIn:
         if self.jobs.complete(job_id, "embed", url_id, total=len(self.jobs.urls(job_id))):
             self.start("rank", [(job_id,)])
             self.jobs.mark_next_started(job_id, "embed")
+
+
+def failure_bundle(jobs: JobStore, job_id: str) -> Bundle:
+    """The bundle of a job that ends without a page: no sources, its recorded failures."""
+    failures = jobs.failures(job_id)
+    queries = jobs.queries(job_id)
+    stats = BundleStats(queries=len(queries), failed=len(failures))
+    return build_bundle(job_id=job_id, question=jobs.request(job_id).question, queries=queries,
+                        pages={}, ranked=[], failures=failures, stats=stats)  # fmt: skip
 
 
 def _no_results_error(failures: Sequence[Failure]) -> str:
