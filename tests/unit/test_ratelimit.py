@@ -133,12 +133,13 @@ class AnsweringEmbedder:
 
     model = "m"
 
-    def __init__(self, limits: dict[str, str], *, refuse: bool = False) -> None:
-        self.limits, self.refuse = limits, refuse
+    def __init__(self, limits: dict[str, str], *, refuse: bool = False,
+                 retry_after: float = 0.01) -> None:  # fmt: skip
+        self.limits, self.refuse, self.retry_after = limits, refuse, retry_after
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         if self.refuse:
-            raise RateLimited("429", retry_after=0.01, rate_limits=self.limits)
+            raise RateLimited("429", retry_after=self.retry_after, rate_limits=self.limits)
         return Embeddings([[1.0] for _ in texts], self.limits)
 
 
@@ -151,7 +152,8 @@ def test_a_limited_embedder_learns_from_the_headers_of_each_answer(r: redis.Redi
 
 def test_a_limited_embedder_learns_from_a_429_too(r: redis.Redis) -> None:
     limiter = make(r)
-    refused = AnsweringEmbedder({"x-ratelimit-limit-requests": "5"}, refuse=True)
+    # A pause long enough to be still running when read back on a loaded machine.
+    refused = AnsweringEmbedder({"x-ratelimit-limit-requests": "5"}, refuse=True, retry_after=30)
     with pytest.raises(RateLimited):
         LimitedEmbedder(refused, limiter).embed(["a"])
     assert limiter.learned() == {"rpm": 5}
