@@ -189,6 +189,9 @@ class Settings(BaseSettings):
     """Entries of a job's `include_domains` / `exclude_domains` at most (422 beyond)."""
     api_max_domain_chars: int = Field(default=253, ge=1)
     """Characters of one such entry at most (a DNS name has at most 253; 422 beyond)."""
+    mcp_wait_s: float = Field(default=50.0, ge=0)
+    """How long an MCP web_context or get_job call waits before it returns the running job:
+    under the 60 s request timeout of the TypeScript SDK's clients."""
 
     fetch: FetchSettings = FetchSettings()
     chunk: ChunkSettings = ChunkSettings()

@@ -52,7 +52,7 @@ async def test_mcp_over_streamable_http_lists_tools_and_answers(api_stack: ApiSt
 
     async with _http_client(api_stack, api_stack.keys["alpha"]) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        assert set(tools) == {"web_context", "get_source", "search_index"}
+        assert set(tools) == {"web_context", "get_job", "get_source", "search_index"}
         schema = tools["web_context"].input_schema
         assert schema["required"] == ["question"]
         assert schema["properties"]["max_sources"]["maximum"] == 50
@@ -100,6 +100,6 @@ async def test_mcp_over_stdio_answers_with_the_embedded_worker(
     )
     async with Client(params, read_timeout_seconds=120) as client:
         names = {t.name for t in (await client.list_tools()).tools}
-        assert names == {"web_context", "get_source", "search_index"}
+        assert names == {"web_context", "get_job", "get_source", "search_index"}
         result = await client.call_tool("web_context", {**ARGS, "max_sources": 6})
         _check_bundle_result(result, test_web)

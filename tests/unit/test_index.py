@@ -6,11 +6,13 @@ the test Redis db; the store is the in-memory adapter (the contract tests cover 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -288,12 +290,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.mark.anyio
-async def test_mcp_search_index_tool_answers_from_the_tenant_index(
-    r: redis.Redis, site: FakeSite, tmp_path: Path
-) -> None:
-    from mcp import Client
-
+@contextlib.contextmanager
+def index_mcp_server(r: redis.Redis, site: FakeSite, tmp_path: Path, html: str) -> Iterator[Any]:
+    """The MCP server over the tenant's index, with `html` indexed at /a.html."""
     from webctx.api.deps import Runtime
     from webctx.api.mcp import build_mcp
     from webctx.settings import Settings
@@ -307,20 +306,69 @@ async def test_mcp_search_index_tool_answers_from_the_tenant_index(
     built = build_engine(settings, stores, state=r, start=lambda stage, arguments: None)
     engine = dataclasses.replace(built, fetcher=site, embedder=HashEmbedder(), _store=store)
     deps = Deps(settings=settings, stores=stores, engine=engine)
-    site.put("/a.html", article("narwhal"))
+    site.put("/a.html", html)
     source = stores.sources.add(TENANT, BASE + "/a.html", every_s=60)
     set_deps(deps)
     try:
         refresh_source(source, index_context(deps))
-        server = build_mcp(lambda: Runtime(settings, stores))
-        async with Client(server) as client:
-            result = await client.call_tool("search_index", {"query": "narwhal", "limit": 3})
+        yield build_mcp(lambda: Runtime(settings, stores))
     finally:
         set_deps(None)
+
+
+@pytest.mark.anyio
+async def test_mcp_search_index_tool_answers_from_the_tenant_index(
+    r: redis.Redis, site: FakeSite, tmp_path: Path
+) -> None:
+    from mcp import Client
+
+    with index_mcp_server(r, site, tmp_path, article("narwhal")) as server:
+        async with Client(server) as client:
+            result = await client.call_tool("search_index", {"query": "narwhal", "limit": 3})
     assert not result.is_error
     hits = result.structured_content["hits"]  # type: ignore[index]
     assert hits and hits[0]["url"] == BASE + "/a.html"
     assert "narwhal" in result.content[0].text  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_mcp_search_index_site_takes_a_domain_or_the_display_name(
+    r: redis.Redis, site: FakeSite, tmp_path: Path
+) -> None:
+    from mcp import Client
+
+    named = article("narwhal").replace(
+        "<head>", '<head><meta property="og:site_name" content="Narwhal Weekly">'
+    )
+    found: dict[str, int] = {}
+    with index_mcp_server(r, site, tmp_path, named) as server:
+        async with Client(server) as client:
+            for value in ("site.test", "SITE.test", "Narwhal Weekly", "other.test", "site"):
+                result = await client.call_tool(
+                    "search_index", {"query": "narwhal", "site": value}
+                )
+                assert not result.is_error, result.content
+                found[value] = len(result.structured_content["hits"])  # type: ignore[index]
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert found["site.test"] and found["SITE.test"] and found["Narwhal Weekly"]
+    assert found["other.test"] == found["site"] == 0
+    assert "domain" in (tools["search_index"].input_schema["properties"]["site"]["description"])
+    assert "domain" in (tools["search_index"].description or "")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("field", ["published_from", "published_to"])
+async def test_mcp_search_index_refuses_a_malformed_date(
+    r: redis.Redis, site: FakeSite, tmp_path: Path, field: str
+) -> None:
+    from mcp import Client
+
+    with index_mcp_server(r, site, tmp_path, article("narwhal")) as server:
+        async with Client(server) as client:
+            result = await client.call_tool("search_index", {"query": "q", field: "2024-13-45"})
+            good = await client.call_tool("search_index", {"query": "q", field: "2000-01-01"})
+    assert result.is_error and field in result.content[0].text  # type: ignore[union-attr]
+    assert not good.is_error
 
 
 def test_sweeping_a_replaced_page_forgets_that_research_jobs_stored_it(

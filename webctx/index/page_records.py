@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
+from urllib.parse import urlsplit
 
 import redis
 from pydantic import BaseModel
@@ -325,13 +326,15 @@ class PageRecords:
         """The store filter of a search: the published generation (one GET), plus, for a
         source or date filter only, the matching pages' hashes read in the same MULTI."""
         hashes: list[str] | None = None
-        if source_id or published_from or published_to:
+        domain = site is not None and is_domain(site)
+        if source_id or published_from or published_to or domain:
             pipe = self._redis.pipeline(transaction=True)
             pipe.get(self.generations.key(tenant))
             pipe.hgetall(self._pages(tenant))
             raw_gen, raw_pages = pipe.execute()
             records = [PageRecord.model_validate_json(v) for v in raw_pages.values()]
-            hashes = sorted(select(records, source_id=source_id, published_from=published_from,
+            hashes = sorted(select(records, site=site if domain else None,
+                                   source_id=source_id, published_from=published_from,
                                    published_to=published_to))  # fmt: skip
             generation = int(raw_gen) if raw_gen is not None else None
             if not hashes:
@@ -345,7 +348,8 @@ class PageRecords:
                 self._recover(tenant, store)
             generation = self.generations.published(tenant) or 0
         return IndexScope(tenant_key(tenant), generation,
-                          site=site_of(site) if site else None, content_sha256s=hashes)  # fmt: skip
+                          site=site_of(site) if site and not domain else None,
+                          content_sha256s=hashes)  # fmt: skip
 
     def records_of(self, tenant: str, hashes: Sequence[str]) -> dict[str, PageRecord]:
         """sha -> a record of the tenant pointing at it (a search's hits' metadata), read in
@@ -395,6 +399,24 @@ class PageRecords:
         return self.stored_page(record.content_sha256)
 
 
+def is_domain(site: str) -> bool:
+    """True for a site filter that names a host (`example.org`), not a display name."""
+    value = site.strip().lower()
+    return "." in value and not any(c.isspace() for c in value)
+
+
+def site_matches(record: PageRecord, site: str) -> bool:
+    """The page's display name is `site`, or, for a domain, its URL's host is that domain
+    or one of its subdomains (`example.org` matches www.example.org)."""
+    if site_of(record.site) == site_of(site):
+        return True
+    if not is_domain(site):
+        return False
+    domain = site_of(site).removeprefix("www.").rstrip(".")
+    host = (urlsplit(record.url).hostname or "").rstrip(".")
+    return host == domain or host.endswith("." + domain)
+
+
 def select(
     records: Iterable[PageRecord],
     *,
@@ -406,7 +428,7 @@ def select(
     """content_sha256 -> record of the records matching the filters."""
     out: dict[str, PageRecord] = {}
     for record in records:
-        if site and site_of(record.site) != site_of(site):
+        if site and not site_matches(record, site):
             continue
         if source_id and record.source_id != source_id:
             continue
