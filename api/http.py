@@ -135,7 +135,7 @@ class McpAuth:
 def create_app(settings: Settings | None = None, *, host: str | None = None) -> FastAPI:
     """The API app; `host` is the bind address (default WEBCTX_API_HOST) for the auth switch."""
     from webctx.api.mcp import build_mcp
-    from webctx.api.routes import batches, context, health, jobs, sources
+    from webctx.api.routes import batches, context, health, jobs, oauth, sources
     from webctx.api.routes import search as index_search
 
     settings = settings or get_settings()
@@ -170,6 +170,7 @@ def create_app(settings: Settings | None = None, *, host: str | None = None) -> 
     app.include_router(sources.router)
     app.include_router(index_search.router)
     app.include_router(health.router)
+    app.include_router(oauth.router)  # OAuth discovery answers: keys, not OAuth (docs/api.md)
     guard = McpAuth(StreamableHTTPASGIApp(mcp_server.session_manager), app)
     app.router.routes.append(Route("/mcp", endpoint=guard, methods=["GET", "POST", "DELETE"]))
     observe_api(app, celery_app)  # GET /metrics (jobs, queue depths), traces with WEBCTX_OTEL

@@ -1,9 +1,15 @@
 """The MCP server through the SDK's own client: over stdio (`webctx mcp`, embedded
-worker) and over streamable HTTP (/mcp of the API app, API keys), against loopback webs."""
+worker) and over streamable HTTP (/mcp of the API app, API keys), against loopback webs;
+and through the clients people use: the TypeScript SDK (what Claude Code and Cursor build
+on) and the MCP Inspector's CLI, installed by scripts/mcp-clients (skipped without them)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.conftest import ROOT, clean_env
 from tests.integration.conftest import ApiStack
 from tests.testweb import LoopbackWeb
+from webctx.api.routes.oauth import NO_OAUTH
 from webctx.models import Bundle
 
 # One xdist worker runs this module: one API stack for its HTTP test, and the rest.
@@ -103,3 +110,109 @@ async def test_mcp_over_stdio_answers_with_the_embedded_worker(
         assert names == {"web_context", "get_job", "get_source", "search_index"}
         result = await client.call_tool("web_context", {**ARGS, "max_sources": 6})
         _check_bundle_result(result, test_web)
+
+
+async def test_mcp_over_http_without_a_key_offers_no_oauth_and_says_why(
+    api_stack: ApiStack,
+) -> None:
+    """What an OAuth-capable client probes after a 401 (docs/api.md): no resource_metadata
+    to follow, and every discovery or registration URL answers 404 with the reason."""
+    resp = httpx2.post(f"{api_stack.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert resp.status_code == 401
+    assert "resource_metadata" not in resp.headers["www-authenticate"]
+    probes = [("GET", f"/.well-known/{kind}{suffix}")
+              for kind in ("oauth-protected-resource", "oauth-authorization-server",
+                           "openid-configuration") for suffix in ("", "/mcp")]  # fmt: skip
+    for method, path in [*probes, ("POST", "/register")]:
+        answer = httpx2.request(method, api_stack.url + path, json={})
+        assert answer.status_code == 404, path
+        assert answer.json() == {"error": "not_found", "error_description": NO_OAUTH}, path
+
+
+async def test_mcp_over_http_hands_back_a_running_job_and_get_job_finishes_it(
+    api_stack: ApiStack,
+) -> None:
+    async with _http_client(api_stack, api_stack.keys["alpha"]) as client:
+        started = await client.call_tool("web_context", {**ARGS, "wait_s": 0})
+        assert not started.is_error, started.content
+        job = started.structured_content or {}
+        assert job["status"] in ("queued", "running") and job["chunks"] == []
+        assert "get_job" in started.content[0].text  # type: ignore[union-attr]
+        finished = await client.call_tool("get_job", {"job_id": job["job_id"], "wait_s": 90})
+        _check_bundle_result(finished, api_stack.web)
+    async with _http_client(api_stack, api_stack.keys["beta"]) as other:
+        theirs = await other.call_tool("get_job", {"job_id": job["job_id"], "wait_s": 0})
+        assert theirs.is_error
+
+
+@dataclass
+class NodeClients:
+    """Node 22 with the TypeScript SDK and the MCP Inspector (scripts/mcp-clients)."""
+
+    node: str
+    modules: Path
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """`node ARGS` with the clients' modules on NODE_PATH, a throwaway HOME."""
+        home = self.modules.parent / "home"
+        home.mkdir(exist_ok=True)
+        full = clean_env(NODE_PATH=str(self.modules), HOME=str(home), NO_COLOR="1",
+                         MCP_INSPECTOR_SECRET_STORE="memory", **env)  # fmt: skip
+        return subprocess.run([self.node, *args], env=full, capture_output=True, text=True,
+                              timeout=180, check=False)  # fmt: skip
+
+    def inspector(self, url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """The Inspector's --cli."""
+        launcher = self.modules / "@modelcontextprotocol/inspector/clients/launcher/build/index.js"
+        return self.run(str(launcher), "--cli", url, *args, **env)
+
+
+@pytest.fixture(scope="module")
+def node_clients() -> NodeClients:
+    """The installed clients, or a skip that says how to install them."""
+    base = Path(os.environ.get("WEBCTX_TEST_MCP_CLIENTS", ROOT / ".cache" / "mcp-clients"))
+    modules = base / "node_modules"
+    node = modules / "node" / "bin" / "node"
+    wanted = [node, modules / "@modelcontextprotocol/sdk/package.json",
+              modules / "@modelcontextprotocol/inspector/package.json"]  # fmt: skip
+    if not all(p.exists() for p in wanted):
+        pytest.skip(f"no Node 22 and MCP clients in {base}: run scripts/mcp-clients")
+    return NodeClients(node=str(node), modules=modules)
+
+
+async def test_typescript_sdk_client_shows_why_without_a_key_and_works_with_one(
+    api_stack: ApiStack, node_clients: NodeClients
+) -> None:
+    script = ROOT / "tests" / "node" / "ts_client.cjs"
+    done = node_clients.run(str(script), f"{api_stack.url}/mcp", api_stack.keys["alpha"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    # A client without OAuth shows the 401's message; one with OAuth (Claude Code, Cursor)
+    # goes through discovery and registration, and shows the registration's answer.
+    assert "missing API key" in seen["plain"]
+    assert seen["oauth"] == NO_OAUTH
+    assert seen["server"] == {"name": "webctx", "version": "0.1.0"}
+    hints = {"readOnlyHint": True, "openWorldHint": True, "idempotentHint": True}
+    assert all(t["annotations"] == hints for t in seen["tools"]), seen["tools"]
+    # The SDK checks structured content against the output schema, a running job's too.
+    assert seen["started"]["status"] in ("queued", "running")
+    finished = seen["finished"]
+    assert not finished["isError"] and finished["status"] == "succeeded" and finished["chunks"]
+
+
+async def test_inspector_cli_shows_why_without_a_key_and_lists_tools_with_one(
+    api_stack: ApiStack, node_clients: NodeClients
+) -> None:
+    url = f"{api_stack.url}/mcp"
+    # It treats any 401 as "log in": non-interactively it refuses and quotes the 401...
+    stored_only = node_clients.inspector(url, "--method", "tools/list", "--stored-auth-only")
+    assert "missing API key" in stored_only.stderr, stored_only.stderr
+    # ...and where it may log in, it ends at the registration and quotes its answer.
+    oauth = node_clients.inspector(url, "--method", "tools/list", MCP_AUTO_OPEN_ENABLED="true",
+                                   BROWSER="true")  # fmt: skip
+    assert "webctx takes API keys, not OAuth" in oauth.stderr, oauth.stderr
+    header = f"Authorization: Bearer {api_stack.keys['alpha']}"
+    listed = node_clients.inspector(url, "--method", "tools/list", "--header", header)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
+    assert names == {"web_context", "get_job", "get_source", "search_index"}
