@@ -27,7 +27,8 @@ from webctx.models import Bundle
 # One xdist worker runs this module: one API stack for its HTTP test, and the rest.
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("mcp_stack")]
 QUESTION = "how do lithium-ion batteries degrade?"
-ARGS = {"question": QUESTION, "max_sources": 4, "top_k": 5, "token_budget": 800}
+# A loaded machine may need more than the default wait (WEBCTX_MCP_WAIT_S, 50 s) for a job.
+ARGS = {"question": QUESTION, "max_sources": 4, "top_k": 5, "token_budget": 800, "wait_s": 110}
 
 
 @pytest.fixture

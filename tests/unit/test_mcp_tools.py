@@ -151,3 +151,16 @@ async def test_get_job_follows_a_running_job_with_each_progress_value_once(
     assert len(values) >= 3 and values == sorted(set(values)), progress
     assert progress[-1][0] == progress[-1][1]  # the last says: done
     assert unknown.is_error and "no job" in unknown.content[0].text  # type: ignore[union-attr]
+
+
+async def test_a_call_without_wait_s_returns_after_the_server_wait(runtime: Runtime) -> None:
+    # The TypeScript SDK's clients give up (and cancel) after 60 s.
+    assert Settings().mcp_wait_s < 60
+    quick = Runtime(runtime.settings.model_copy(update={"mcp_wait_s": 0.5}), runtime.stores)
+    job_id = quick.jobs.create(JobRequest(question="q"), tenant=TENANT)
+    async with Client(build_mcp(lambda: quick)) as client:
+        started = time.monotonic()
+        result = await client.call_tool("get_job", {"job_id": job_id})
+        waited = time.monotonic() - started
+    assert not result.is_error and (result.structured_content or {})["status"] == "queued"
+    assert 0.5 <= waited < 5
