@@ -124,6 +124,12 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "ttl", "tenant", "the one tick that won a due run"),
     KeyFamily("webctx:sources:{tenant}", "webctx.index.sources", "none", "tenant",
               "the tenant's registered sources"),
+    # -- the workers (in the broker's Redis) ----------------------------------------------
+    KeyFamily("webctx:workers", "webctx.workers.liveness", "none", "shared",
+              "each worker process's last beat; it leaves when it stops holding nothing, "
+              "or when a live worker requeues its tasks"),
+    KeyFamily("webctx:worker:{worker_id}:held", "webctx.workers.liveness", "ttl", "shared",
+              "delivery tags a worker process holds unacked (renewed by each beat)"),
     # -- the network guard ----------------------------------------------------------------
     KeyFamily("webctx:pace:{host}", "webctx.net.politeness", "ttl", "shared",
               "a host's pace and 429/503 pause, shared by every fetch worker"),

@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 1800
     """Redis broker: an unacked task is redelivered after this, even while it still runs:
     keep it above the task time limit."""
+    worker_lost_after_s: int = Field(default=30, ge=0)
+    """Redis broker: a worker silent this long is taken for dead and its unacked tasks are
+    requeued by a live worker (0: only the visibility timeout brings them back)."""
     task_time_limit_s: int = 600
     """Hard limit of one task; must stay below the visibility timeout."""
     max_deliveries: int = 3

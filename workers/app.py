@@ -21,6 +21,7 @@ from webctx.jobs.store import JobObserver
 from webctx.settings import get_settings
 from webctx.workers.celeryconfig import REINDEX_QUEUE
 from webctx.workers.deps import Deps, build_deps
+from webctx.workers.liveness import Heartbeat
 from webctx.workers.metrics import MetricsObserver, install_worker_signals
 from webctx.workers.policy import StageTask
 
@@ -194,6 +195,33 @@ def _prepare(instance: Any = None, **_: Any) -> None:
         leave_store_queues(instance, queues, why)
         queues -= STORE_QUEUES
     load_tokenizer(queues)
+    _heartbeat.extend(make_heartbeat())
+
+
+_heartbeat: list[Heartbeat] = []
+
+
+def make_heartbeat() -> list[Heartbeat]:
+    """On a Redis broker, this worker's heartbeat (webctx/workers/liveness.py), recording
+    from now on, before the worker consumes, so every message it takes is in its held set."""
+    lost_after = get_settings().worker_lost_after_s
+    if not str(app.conf.broker_url).startswith("redis://") or lost_after <= 0:
+        return []
+    heartbeat = Heartbeat(app.connection_for_write, lost_after_s=lost_after)
+    heartbeat.record()
+    return [heartbeat]
+
+
+@signals.worker_ready.connect(weak=False)
+def _start_heartbeat(**_: Any) -> None:
+    for heartbeat in _heartbeat:
+        heartbeat.start()
+
+
+@signals.worker_shutdown.connect(weak=False)
+def _stop_heartbeat(**_: Any) -> None:
+    while _heartbeat:
+        _heartbeat.pop().stop()
 
 
 def broker_priority(priority: int | None) -> int | None:

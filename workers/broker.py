@@ -15,17 +15,46 @@ comes back after the visibility timeout, as any unacked message does, while the 
 still be running in this process (a thread cannot be cancelled). So once the connection
 has been collected, this channel leaves its messages to that sweep.
 
-It also reuses one synchronous Redis client per channel (see `_Channel._create_client`).
+It also reuses one synchronous Redis client per channel (see `_Channel._create_client`),
+and, in a worker, records each message it holds unacked under the worker's holder id, so
+that other workers requeue them within a minute when this one dies (webctx/workers/
+liveness.py) instead of after the visibility timeout.
 """
 
 from __future__ import annotations
 
+from time import time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps
+
+from webctx.workers import liveness
 
 
 class _QoS(kombu_redis.QoS):
+    def append(self, message: Any, delivery_tag: str) -> None:
+        """kombu's append (the message into `unacked`), plus the tag into this worker's held
+        set in the same pipeline: a tag is never in one without the other."""
+        delivery = message.delivery_info
+        entry = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time()})
+            pipe.hset(self.unacked_key, delivery_tag, entry)
+            if liveness.recording():
+                held = liveness.held_key(liveness.WORKER_ID)
+                pipe.sadd(held, delivery_tag).expire(held, liveness.HELD_TTL_S)
+            pipe.execute()
+        virtual.QoS.append(self, message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        # Every way out of `unacked` (ack, reject, restore) goes through here.
+        pipe = super()._remove_from_indices(delivery_tag, pipe)
+        if liveness.recording():
+            pipe.srem(liveness.held_key(liveness.WORKER_ID), delivery_tag)
+        return pipe
+
     def _collected(self) -> bool:
         """True once the consumer dropped this channel's connection (the broker was lost)."""
         transport = self.channel.connection
