@@ -79,6 +79,33 @@ def test_sigkilled_worker_tasks_run_again_within_90s_on_redis_with_defaults(
 
 
 @pytest.mark.slow
+def test_only_worker_sigkilled_its_replacement_reaps_it_within_90s(
+    mini_web: MiniWeb,  # noqa: F811
+    own_redis: OwnRedis,  # noqa: F811
+    tmp_path: Path,
+    start_worker: StartWorker,
+) -> None:
+    """No live worker saw the death: the replacement (a restarted container) requeues the
+    dead one's tasks once its own beats have run for `lost_after`."""
+    env = _defaults(mini_web.env(CELERY_BROKER_URL=own_redis.url,
+                                 WEBCTX_QDRANT_PATH=str(tmp_path / "q")))  # fmt: skip
+    slow_hits = mini_web.hits["/slow.html"]
+    victim = start_worker(env, "-n", "victim@alone")
+    cli = BackgroundCli(env, tmp_path, "cli", "--max-sources", "5", "--timeout", "150")
+    wait_until(lambda: mini_web.hits["/slow.html"] > slow_hits, 60, "the slow fetch")
+    time.sleep(0.5)
+    killed = time.monotonic()
+    sigkill(victim)
+    start_worker(env, "-n", "replacement@alone")
+    code, out, err = cli.wait(RECOVERY_BOUND_S + 60)
+    recovered_s = time.monotonic() - killed
+    assert code == 0, err[-3000:]
+    assert Bundle.model_validate_json(out).stats.fetched == 5
+    assert recovered_s < RECOVERY_BOUND_S, f"took {recovered_s:.1f}s"
+    print(f"\n[redis, defaults, only worker] job succeeded {recovered_s:.1f}s after the SIGKILL")
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group("rabbitmq")
 def test_sigkilled_worker_tasks_run_again_within_90s_on_rabbitmq_with_defaults(
     mini_web: MiniWeb,  # noqa: F811
