@@ -234,8 +234,21 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
         def claims() -> int:
             return len(r.keys("webctx:sources:claim:*"))
 
-        wait_until(lambda: runs() == claims(), 60, "every claimed run to finish")
-        assert runs() == claims() <= elapsed / EVERY_S + 2
+        # A claimed run that finds the previous one still holding the source's lock is
+        # skipped (on a loaded machine a run outlasts EVERY_S): it is not a second firing,
+        # and it never counts as a run. So: wait until no run holds the lock and the count
+        # has stayed put, then every run had a claim of its own, and claims stayed within
+        # one per due time.
+        last = [-1, time.monotonic()]
+
+        def settled() -> bool:
+            if runs() != last[0] or r.keys("webctx:index:lock:*"):
+                last[:] = [runs(), time.monotonic()]
+                return False
+            return time.monotonic() - last[1] > 3
+
+        wait_until(settled, 60, "the claimed runs to finish")
+        assert 2 <= runs() <= claims() <= elapsed / EVERY_S + 2
     finally:
         for beat in beats:
             beat.stop()
