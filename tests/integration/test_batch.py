@@ -223,7 +223,11 @@ def test_batch_items_wanting_the_same_pages_download_each_once(
 def test_a_page_past_the_cache_window_is_revalidated_with_a_conditional_get(
     test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
-    env = _env(test_web, tmp_path, WEBCTX_PAGE_CACHE_TTL_S="2")
+    # An entry outlives its window 7 times over (REVALIDATE_WINDOWS): with a 2 s window a
+    # loaded machine's first batch, pause and second start outlasted the 14 s, and the
+    # second batch downloaded afresh. 8 s leaves 56 s for that.
+    ttl_s = 8
+    env = _env(test_web, tmp_path, WEBCTX_PAGE_CACHE_TTL_S=str(ttl_s))
     start_worker(env, "-c", "4")
     questions = _write(tmp_path / "q.jsonl", QUESTIONS[:2])
     first = run_cli(env, "batch", "submit", str(questions), "--name", "r1", "--max-sources", "3",
@@ -231,7 +235,7 @@ def test_a_page_past_the_cache_window_is_revalidated_with_a_conditional_get(
     assert first.returncode == 0, first.stderr[-3000:]
     downloaded = json.loads(first.stderr.strip().splitlines()[-1])["stats"]["pages_downloaded"]
     assert downloaded > 0
-    time.sleep(2.5)  # every page is now past its window
+    time.sleep(ttl_s + 0.5)  # every page is now past its window
     revalidated_before = sum(test_web.not_modified.values())
     second = run_cli(env, "batch", "submit", str(questions), "--name", "r2", "--max-sources", "3",
                      "--wait", "--out", str(tmp_path / "r2.jsonl"))  # fmt: skip
