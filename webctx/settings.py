@@ -57,6 +57,13 @@ class EmbedSettings(BaseModel):
     """Tokens per minute of the key, shared by all workers; None: learned from headers."""
     cache_ttl_s: int = 30 * 24 * 3600
     """Cached vectors expire this long after their last use."""
+    local_backend: Literal["auto", "torch", "onnx", "onnx-int8"] = "auto"
+    """How the local model runs. auto: ONNX Runtime int8 when onnxruntime is installed
+    (the measured fastest at the same quality, docs/benchmarks.md), else torch."""
+    local_cache_dir: Path | None = None
+    """Where the ONNX export is cached; None: the user cache dir (platformdirs)."""
+    local_threads: int | None = Field(default=None, ge=1)
+    """ONNX Runtime threads per embedder; None: the cores this process may use."""
 
 
 class BatchSettings(BaseModel):

