@@ -24,7 +24,7 @@ from webctx.devweb.embeddings import make_embeddings_app
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, make_site_app
-from webctx.protocols import Embeddings
+from webctx.protocols import Embedder, Embeddings
 
 ROOT = Path(__file__).resolve().parent.parent
 # Vector cache; $WEBCTX_BENCH_OUT points elsewhere (e.g. an empty folder for a cold run).
@@ -137,15 +137,29 @@ def _key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
+def _backend_suffix() -> str:
+    """The vector cache's name part for $WEBCTX_BENCH_LOCAL_BACKEND (none for torch)."""
+    backend = os.environ.get("WEBCTX_BENCH_LOCAL_BACKEND", "torch")
+    return "" if backend == "torch" else f"-{backend}"
+
+
+def _local_embedder() -> Embedder:
+    """The local model on $WEBCTX_BENCH_LOCAL_BACKEND: torch (default), onnx or onnx-int8."""
+    from webctx.settings import EmbedSettings
+    from webctx.workers.deps import build_local_embedder
+
+    backend = os.environ.get("WEBCTX_BENCH_LOCAL_BACKEND", "torch")
+    return build_local_embedder(EmbedSettings(local_backend=backend))  # type: ignore[arg-type]
+
+
 class CachedMiniLM:
     """all-MiniLM-L6-v2 on CPU, each distinct text embedded once (cache on disk)."""
 
     def __init__(self, cache: VectorCache) -> None:
-        from webctx.adapters.local_embedder import LocalEmbedder
 
         self.cache = cache
         self.model = MODEL
-        self._local = LocalEmbedder(batch_size=64)
+        self._local = _local_embedder()
         self._lock = threading.Lock()
         self.computed = 0
 
@@ -188,7 +202,7 @@ def start_qa_web(docs: Sequence[QADoc]) -> QAWeb:
     # SOURCE.md: the search is BM25 over title + text of every page.
     search_docs = [SearchDoc(site.url + d.url_path, d.title, d.text) for d in docs]
     search = LoopbackServer(make_searxng_app(search_docs)).start()
-    embedder = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}.bin"))
+    embedder = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}{_backend_suffix()}.bin"))
     embeddings = LoopbackServer(
         make_embeddings_app(lambda texts: embedder.embed(texts).vectors, model=MODEL, rpm=None,
                             tpm=None)  # fmt: skip
