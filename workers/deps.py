@@ -213,7 +213,7 @@ def build_local_embedder(embed: EmbedSettings) -> Embedder:
 
     backend = embed.local_backend
     if backend == "auto":
-        backend = "onnx-int8" if onnx_available() else "torch"
+        backend = "onnx" if onnx_available() else "torch"
     if backend == "torch":
         return LocalEmbedder()
     return OnnxEmbedder(cache_dir=embed.local_cache_dir or default_cache_dir() / "onnx",

@@ -142,7 +142,7 @@ def test_failed_export_falls_back_to_torch_with_one_warning(
 
 def test_setting_selects_the_backend(tmp_path: Path) -> None:
     auto = build_local_embedder(EmbedSettings(local_cache_dir=tmp_path, local_threads=1))
-    assert isinstance(auto, OnnxEmbedder) and auto.quantized and auto.threads == 1
-    fp32 = build_local_embedder(EmbedSettings(local_backend="onnx", local_cache_dir=tmp_path))
-    assert isinstance(fp32, OnnxEmbedder) and not fp32.quantized
+    assert isinstance(auto, OnnxEmbedder) and not auto.quantized and auto.threads == 1
+    int8 = build_local_embedder(EmbedSettings(local_backend="onnx-int8", local_cache_dir=tmp_path))
+    assert isinstance(int8, OnnxEmbedder) and int8.quantized
     assert isinstance(build_local_embedder(EmbedSettings(local_backend="torch")), LocalEmbedder)
