@@ -115,7 +115,10 @@ def test_job_survives_hostile_web_and_reports_each_page(
         OPENAI_API_KEY="test-key",
         WEBCTX_EMBEDDING_MODEL=MODEL,
         WEBCTX_ALLOWED_NETWORKS="127.0.0.1/32",  # 127.0.0.2 stays forbidden
-        WEBCTX_FETCH__TOTAL_TIMEOUT_S="3",
+        # 6 s: the redirect loop's six requests, among 30 fetches at once, outran 3 s on a
+        # loaded machine (a `timeout` instead of the loop's own error); the trickling page
+        # still outlasts it.
+        WEBCTX_FETCH__TOTAL_TIMEOUT_S="6",
         WEBCTX_FETCH__READ_TIMEOUT_S="2",
         WEBCTX_FETCH__MAX_BYTES="2000000",
         WEBCTX_FETCH__EXTRACT_TIMEOUT_S="5",
