@@ -126,6 +126,7 @@ def _env(web: Web, qdrant: Path, *, inflight: int | None) -> dict[str, str]:
     per worker, or (None) the embedded default with its default concurrency."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WEBCTX_", "CELERY_"))}
     env.update(web.env(), WEBCTX_QDRANT_PATH=str(qdrant), PYTHONPATH=str(ROOT))
+    env["WEBCTX_DATA_DIR"] = f"{qdrant}-data"  # the embedded state server's files, not the user's
     env.update(WEBCTX_BATCH__TICK_S="2")
     if inflight is not None:
         env.update(WEBCTX_BATCH__CONCURRENCY=str(inflight),

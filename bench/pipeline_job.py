@@ -35,6 +35,7 @@ REDIS_URL = os.environ.get("WEBCTX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"
 def _env(web: DemoWeb, qdrant: str, broker: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WEBCTX_", "CELERY_"))}
     env.update(web.env(), WEBCTX_QDRANT_PATH=qdrant, PYTHONPATH=str(ROOT))
+    env["WEBCTX_DATA_DIR"] = qdrant + "-data"  # the embedded state server's files, not the user's
     if broker:
         env["CELERY_BROKER_URL"] = REDIS_URL
     return env

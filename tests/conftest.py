@@ -69,10 +69,59 @@ def test_web() -> Iterator[LoopbackWeb]:
     web.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The WEBCTX_DATA_DIR of processes that module- or session-wide fixtures start."""
+    path = tmp_path_factory.mktemp("webctx-data")
+    before = os.environ.get("WEBCTX_DATA_DIR")
+    os.environ["WEBCTX_DATA_DIR"] = str(path)
+    yield path
+    _leave_state_servers(path)
+    if before is None:
+        os.environ.pop("WEBCTX_DATA_DIR", None)
+    else:
+        os.environ["WEBCTX_DATA_DIR"] = before
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test's own WEBCTX_DATA_DIR (`clean_env` passes it on), so no test touches the
+    user's data directory or another test's state server; a server left running there
+    (a starter killed by the test) is stopped afterwards."""
+    path = tmp_path / "webctx-data"
+    monkeypatch.setenv("WEBCTX_DATA_DIR", str(path))
+    yield path
+    _leave_state_servers(path)
+
+
+def _leave_state_servers(data_dir: Path) -> None:
+    """Leave the servers this process uses, and kill one still running in `data_dir`."""
+    if "webctx.workers.state_server" in sys.modules:
+        from webctx.workers.state_server import release_all
+
+        release_all()
+    stop_state_server(data_dir)
+
+
+def stop_state_server(data_dir: Path) -> None:
+    """SIGKILL the state server whose pid file lies in `data_dir`, if it still runs."""
+    pidfile = data_dir / "valkey" / "valkey.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"valkey-server" in cmdline or b"redis-server" in cmdline:
+        os.kill(pid, signal.SIGKILL)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without webctx/Celery/OpenAI settings, plus `extra`."""
+    """This process's environment without webctx/Celery/OpenAI settings (but the test's
+    WEBCTX_DATA_DIR), plus `extra`."""
     prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    if "WEBCTX_DATA_DIR" in os.environ:
+        env["WEBCTX_DATA_DIR"] = os.environ["WEBCTX_DATA_DIR"]
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
     return env

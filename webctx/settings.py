@@ -6,6 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
+import platformdirs
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -142,7 +143,11 @@ class Settings(BaseSettings):
 
     qdrant_url: str | None = None
     qdrant_api_key: SecretStr | None = None
-    qdrant_path: Path = Path(".webctx/qdrant")
+    data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("webctx")))
+    """The embedded default's state: its vector store and its Valkey server's files.
+    Never the working folder, so a client started anywhere writes nothing there."""
+    qdrant_path: Path = Path()
+    """Unset: `<data_dir>/qdrant`."""
     qdrant_collection: str = "webctx_chunks"
     qdrant_vector_datatype: VectorDatatype = "float16"
     """How new collections and shards store dense vectors: float16 takes half the memory
@@ -225,13 +230,20 @@ class Settings(BaseSettings):
             self.embed.tpm = self.embed_tpm
         return self
 
+    @model_validator(mode="after")
+    def _state_paths(self) -> Settings:
+        if "qdrant_path" not in self.model_fields_set:
+            self.qdrant_path = self.data_dir / "qdrant"
+        return self
+
     @property
     def embedded(self) -> bool:
         """True when no broker is configured: run everything in this process."""
         return not self.broker_url
 
     def state_url(self) -> str | None:
-        """Redis URL of the job state store, or None for the in-process store."""
+        """Redis URL of the job state store configured; None: the embedded default's own
+        server (webctx.workers.deps.state_url starts it)."""
         if self.redis_url:
             return self.redis_url
         if self.broker_url and self.broker_url.startswith(("redis://", "rediss://")):

@@ -8,7 +8,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import fakeredis
 import redis
 
 from webctx.adapters.hash_embedder import HashEmbedder
@@ -107,27 +106,33 @@ class Deps:
         self.engine.close_store()
 
 
-_fake_server: fakeredis.FakeServer | None = None
+def state_url(settings: Settings) -> str:
+    """The state Redis's URL: the configured one, else (the embedded default) the data
+    directory's own Valkey server, started on first use (webctx/workers/state_server.py)."""
+    url = settings.state_url()
+    if url:
+        return url
+    if not settings.embedded:
+        raise ConfigError("a broker other than Redis needs a Redis job store: set WEBCTX_REDIS_URL")
+    from webctx.workers.state_server import state_server_url
+
+    return state_server_url(settings.data_dir)
 
 
 def state_client(settings: Settings) -> redis.Redis:
-    """The Redis client of the job store: the configured server, or an in-process one."""
-    url = settings.state_url()
-    if not url and not settings.embedded:
-        raise ConfigError("a broker other than Redis needs a Redis job store: set WEBCTX_REDIS_URL")
-    if url:
-        return redis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=30,
-            socket_connect_timeout=10,
-            health_check_interval=30,
-            retry_on_timeout=True,
-        )
-    global _fake_server
-    if _fake_server is None:
-        _fake_server = fakeredis.FakeServer()
-    return fakeredis.FakeRedis(server=_fake_server, decode_responses=True)
+    """The Redis client of the job store (strings)."""
+    return _client(state_url(settings), decode_responses=True)
+
+
+def _client(url: str, *, decode_responses: bool) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        decode_responses=decode_responses,
+        socket_timeout=30,
+        socket_connect_timeout=10,
+        health_check_interval=30,
+        retry_on_timeout=True,
+    )
 
 
 def build_search(settings: Settings) -> SearchProvider:
@@ -165,8 +170,8 @@ def check_source_url(settings: Settings, url: str) -> None:
 
 def build_fetcher(settings: Settings, *, state: redis.Redis | None = None) -> ConditionalFetcher:
     """The httpx fetcher under the configured address policy; with `state` (the job
-    store's Redis, in broker mode) its per-host pace and 429 pauses are kept there, shared
-    by every fetch worker. The embedded default (one process) keeps them in the process."""
+    store's Redis) its per-host pace and 429 pauses are kept there, shared by every fetch
+    worker and every local process of the embedded default."""
     from webctx.adapters.httpx_fetcher import HttpxFetcher
     from webctx.net.politeness import Politeness
 
@@ -222,19 +227,7 @@ def build_local_embedder(embed: EmbedSettings) -> Embedder:
 
 def _bytes_client(settings: Settings) -> redis.Redis:
     """A client of the state Redis that returns bytes (vectors are float32 bytes)."""
-    url = settings.state_url()
-    if url:
-        return redis.Redis.from_url(
-            url,
-            socket_timeout=30,
-            socket_connect_timeout=10,
-            health_check_interval=30,
-            retry_on_timeout=True,
-        )
-    global _fake_server
-    if _fake_server is None:
-        _fake_server = fakeredis.FakeServer()
-    return fakeredis.FakeRedis(server=_fake_server)
+    return _client(state_url(settings), decode_responses=False)
 
 
 def build_embed_cache(settings: Settings) -> RedisEmbeddingCache | None:
@@ -245,10 +238,10 @@ def build_embed_cache(settings: Settings) -> RedisEmbeddingCache | None:
 
 
 def build_limiter(settings: Settings) -> RedisRateLimiter | None:
-    """The key's shared rate limiter on the state Redis. None for the hash embedder and in
-    embedded mode: one process, and fakeredis runs Lua only with the optional `lupa`;
-    the embed stage's retries there still honour every retry-after."""
-    if settings.embedding_provider == "hash" or not settings.state_url():
+    """The key's shared rate limiter on the state Redis (the embedded default's too: every
+    local process using the data directory shares the key's limits). None for the hash
+    embedder."""
+    if settings.embedding_provider == "hash":
         return None
     key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
     namespace = limiter_namespace(settings.openai_base_url, settings.embedding_model, key)
@@ -302,7 +295,7 @@ def build_engine(
         jobs=stores.jobs,
         fanin=FanIn(stores.jobs, start),
         search=search,
-        fetcher=build_fetcher(settings, state=state if settings.state_url() else None),
+        fetcher=build_fetcher(settings, state=state),
         embedder=embedder,
         plan=build_planner(settings),
         page_cache=stores.page_cache(ttl_s=settings.page_cache_ttl_s),

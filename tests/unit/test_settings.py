@@ -53,3 +53,17 @@ def test_no_broker_means_embedded_with_no_state_url(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("WEBCTX_REDIS_URL", raising=False)
     s = Settings()
     assert s.embedded and s.state_url() is None
+
+
+def test_the_embedded_state_lives_in_the_data_dir_not_the_working_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("WEBCTX_DATA_DIR", str(tmp_path / "data"))
+    assert Settings().qdrant_path == tmp_path / "data" / "qdrant"
+    monkeypatch.setenv("WEBCTX_QDRANT_PATH", str(tmp_path / "mine"))
+    assert Settings().qdrant_path == tmp_path / "mine"  # an explicit path still wins
+    monkeypatch.delenv("WEBCTX_DATA_DIR")
+    monkeypatch.delenv("WEBCTX_QDRANT_PATH")
+    default = Settings()
+    assert default.data_dir.is_absolute() and default.data_dir.name == "webctx"
+    assert default.qdrant_path == default.data_dir / "qdrant"

@@ -45,6 +45,9 @@ def run_demo(question: str, *, fmt: str = "markdown") -> int:
     with DemoWeb() as web, tempfile.TemporaryDirectory(prefix="webctx-demo-") as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
         env.update(web.env())
+        # Its own state (vector store, state server), gone with the demo: the demo web's
+        # pages must not land in the user's caches.
+        env["WEBCTX_DATA_DIR"] = tmp
         env["WEBCTX_QDRANT_PATH"] = os.path.join(tmp, "qdrant")
         cmd = [
             sys.executable,
