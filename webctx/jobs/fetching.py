@@ -1,9 +1,10 @@
 """How a job gets one URL's page: the index's fresh copy, the page cache, one download.
 
-An interactive job downloads anew. A batch item reuses a page any job downloaded within
-the cache window, or that window's failure; past the window, a page with validators is
-asked for with a conditional GET (304: the stored page is reused). Downloads of one URL
-are single-flight: one item downloads while the others wanting it wait for its outcome.
+A job reuses a page any job downloaded within the cache window, or that window's failure
+(an interactive job limited to recent pages, `recency_days`, downloads anew); past the
+window, a page with validators is asked for with a conditional GET (304: the stored page
+is reused). Downloads of one URL are single-flight: one job downloads while the others
+wanting it wait for its outcome.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def fetch_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page | 
         jobs.save_page(job_id, url_id, indexed)
         return indexed
     cache = engine.page_cache
-    if not jobs.batch_of(job_id):  # interactive jobs fetch anew
+    if not reads_caches(engine, job_id):  # a recency-limited question fetches anew
         return _download(engine, job_id, url_id, url, cache)
     fetch = engine.settings.fetch
     hold_s = fetch.total_timeout_s + fetch.extract_timeout_s + 5.0
@@ -50,6 +51,14 @@ def fetch_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page | 
                 cache.release_download(url)
         cache.wait_download(url, timeout_s=hold_s)
     return _download(engine, job_id, url_id, url, cache)  # the claims keep failing: go alone
+
+
+def reads_caches(engine: Engine, job_id: str) -> bool:
+    """Whether the job takes pages and search results from the caches: batch items do,
+    and so do interactive jobs not limited to recent pages (asking the same question
+    again, from any local client, then downloads and embeds nothing)."""
+    jobs = engine.jobs
+    return bool(jobs.batch_of(job_id)) or jobs.request(job_id).recency_days is None
 
 
 def _indexed_copy(engine: Engine, job_id: str, url: str) -> Page | None:
@@ -84,7 +93,7 @@ def _download(engine: Engine, job_id: str, url_id: str, url: str, cache: PageCac
     """Download and extract `url` for the job; remember the page (or the failure). A page
     fetched before, past its window, is asked for with its validators (conditional GET)."""
     jobs = engine.jobs
-    stale = cache.stale(url) if jobs.batch_of(job_id) else None
+    stale = cache.stale(url) if reads_caches(engine, job_id) else None
     prior = jobs.page(stale.sha) if stale else None
     try:
         if stale is not None and prior is not None:
