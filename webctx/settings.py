@@ -234,6 +234,7 @@ class Settings(BaseSettings):
     def _state_paths(self) -> Settings:
         if "qdrant_path" not in self.model_fields_set:
             self.qdrant_path = self.data_dir / "qdrant"
+            self.model_fields_set.discard("qdrant_path")  # still the default, not the user's
         return self
 
     @property

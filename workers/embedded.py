@@ -3,16 +3,22 @@ in-memory broker, sharing this process's job store and vector store."""
 
 from __future__ import annotations
 
+import logging
+import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker
 
+from webctx.adapters.edge_store import store_holder
 from webctx.errors import ConfigError
 from webctx.settings import Settings
 from webctx.workers.app import app, job_observers, set_deps, start_tasks
 from webctx.workers.deps import Deps, build_deps
+
+logger = logging.getLogger("webctx.embedded")
 
 
 @contextmanager
@@ -28,6 +34,31 @@ def embedded_worker(settings: Settings) -> Iterator[Deps]:
         raise ConfigError("the embedded worker runs only when CELERY_BROKER_URL is unset")
     if not str(app.conf.broker_url).startswith("memory://"):
         raise ConfigError(f"embedded mode needs the memory:// broker, not {app.conf.broker_url}")
+    with ExitStack() as scratch:
+        settings = _free_store(settings, scratch)
+        with _running_worker(settings) as deps:
+            yield deps
+
+
+def _free_store(settings: Settings, scratch: ExitStack) -> Settings:
+    """`settings`, or, when another local process holds the data directory's vector store
+    (one process at a time), settings for a temporary store that `scratch` removes. The
+    state server is shared, so its embedding cache still spares the embeddings. An
+    explicitly set WEBCTX_QDRANT_PATH is kept, and its holder named in the error."""
+    if settings.qdrant_url or "qdrant_path" in settings.model_fields_set:
+        return settings
+    holder = store_holder(settings.qdrant_path)
+    if holder is None:
+        return settings
+    path = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="webctx-store-")))
+    logger.warning("vector store in use by another process: this run uses a temporary one",
+                   extra={"pid": holder, "path": str(path)})  # fmt: skip
+    return settings.model_copy(update={"qdrant_path": path / "qdrant"})
+
+
+@contextmanager
+def _running_worker(settings: Settings) -> Iterator[Deps]:
+    """The worker thread and its collaborators, for the duration of the block."""
     deps = build_deps(settings, start=start_tasks, observers=job_observers())
     deps.open_store()  # before any task, as a store worker does (webctx.workers.app.store_refusal)
     set_deps(deps)

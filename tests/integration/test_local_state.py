@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, clean_env
 from tests.testweb import LoopbackWeb
+from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.models import Bundle
 
 QUESTION = "how do lithium-ion batteries degrade?"
@@ -100,3 +101,20 @@ def test_a_run_after_a_crash_recovers_the_server_and_its_state(
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     assert _pages(test_web, hits) == 0  # the state came back from the append-only file
     assert Bundle.model_validate_json(recovered.stdout).stats.tokens_embedded == 0
+
+
+def test_a_run_while_another_process_holds_the_store_uses_a_temporary_one(
+    test_web: LoopbackWeb, tmp_path: Path, data_dir: Path
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = clean_env(**test_web.env(), TMPDIR=str(scratch))
+    holder = EdgeVectorStore(data_dir / "qdrant")  # another local client, still running
+    try:
+        done = _research(env, tmp_path)
+    finally:
+        holder.close()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this run uses a temporary one" in done.stderr
+    assert Bundle.model_validate_json(done.stdout).chunks
+    assert list(scratch.iterdir()) == []  # the temporary store is gone with the run

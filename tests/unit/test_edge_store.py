@@ -15,7 +15,7 @@ import pytest
 import qdrant_edge as qe
 
 from tests.store_points import MODEL, page_points, sha, unit
-from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.adapters.edge_store import EdgeVectorStore, store_holder
 from webctx.errors import ConfigError, ProviderError
 from webctx.models import Chunk, StoredChunk
 from webctx.protocols import IndexScope, VectorDatatype, VectorStore
@@ -257,3 +257,13 @@ def test_edge_store_refuses_use_in_a_forked_child(tmp_path: Path) -> None:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 3
         assert store.count() == 0  # the parent still works
+
+
+def test_store_holder_names_the_process_holding_the_store(tmp_path: Path) -> None:
+    assert store_holder(tmp_path / "q") is None  # never opened
+    store = EdgeVectorStore(tmp_path / "q")
+    try:
+        assert store_holder(tmp_path / "q") == str(os.getpid())
+    finally:
+        store.close()
+    assert store_holder(tmp_path / "q") is None

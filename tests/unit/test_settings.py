@@ -67,3 +67,4 @@ def test_the_embedded_state_lives_in_the_data_dir_not_the_working_folder(
     default = Settings()
     assert default.data_dir.is_absolute() and default.data_dir.name == "webctx"
     assert default.qdrant_path == default.data_dir / "qdrant"
+    assert "qdrant_path" not in default.model_fields_set  # the embedded default may move it

@@ -66,6 +66,21 @@ def _engine(call: Callable[[], T]) -> T:
         raise ProviderError(PROVIDER, str(exc)) from exc
 
 
+def store_holder(path: Path) -> str | None:
+    """The pid holding the store at `path` open, or None when no process does."""
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return None
+
+
 def _lock_directory(path: Path) -> int:
     """Take the exclusive lock of the shard directory, or raise ConfigError."""
     fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
