@@ -1,9 +1,9 @@
 """How a job gets one URL's page: the index's fresh copy, the page cache, one download.
 
 A job reuses a page any job downloaded within the cache window, or that window's failure
-(an interactive job limited to recent pages, `recency_days`, downloads anew); past the
-window, a page with validators is asked for with a conditional GET (304: the stored page
-is reused). Downloads of one URL are single-flight: one job downloads while the others
+(interactive jobs in broker mode, and those limited to recent pages, download anew); past
+the window, a page with validators is asked for with a conditional GET (304: the stored
+page is reused). Downloads of one URL are single-flight: one job downloads while the others
 wanting it wait for its outcome.
 """
 
@@ -55,10 +55,13 @@ def fetch_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page | 
 
 def reads_caches(engine: Engine, job_id: str) -> bool:
     """Whether the job takes pages and search results from the caches: batch items do,
-    and so do interactive jobs not limited to recent pages (asking the same question
-    again, from any local client, then downloads and embeds nothing)."""
+    and so do the embedded default's interactive jobs not limited to recent pages (asking
+    the same question again, from any local client, then downloads and embeds nothing).
+    Interactive jobs in broker mode fetch anew, as they did before."""
     jobs = engine.jobs
-    return bool(jobs.batch_of(job_id)) or jobs.request(job_id).recency_days is None
+    if jobs.batch_of(job_id):
+        return True
+    return engine.settings.embedded and jobs.request(job_id).recency_days is None
 
 
 def _indexed_copy(engine: Engine, job_id: str, url: str) -> Page | None:

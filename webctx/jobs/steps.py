@@ -65,11 +65,13 @@ def search_one(engine: Engine, job_id: str, query_idx: int, *, retry: Retry) -> 
 
 
 def _cached_search(engine: Engine, job_id: str, query: str, limit: int) -> list[SearchResult]:
-    """One query's results, from the search cache when fresh."""
+    """One query's results, from the search cache when fresh (for the jobs that read the
+    caches: `webctx.jobs.fetching.reads_caches`)."""
     jobs, cache = engine.jobs, engine.search_cache
     recency = jobs.request(job_id).recency_days
     # The cache holds unrestricted results only: a recency-limited query always goes out.
-    results = cache.get(query, limit=limit) if recency is None else None
+    cached = bool(jobs.batch_of(job_id) or engine.settings.embedded) and recency is None
+    results = cache.get(query, limit=limit) if cached else None
     if results is not None:
         jobs.add_counts(job_id, searches_cached=1)
         return results
