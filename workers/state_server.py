@@ -79,11 +79,10 @@ def state_server_url(data_dir: Path) -> str:
         server = _servers.get(directory)
         if server is None:
             server = _servers[directory] = _ensure(directory)
-            if len(_servers) == 1:
-                atexit.register(release_all)
         return server.url
 
 
+@atexit.register
 def release_all() -> None:
     """Leave every server this process uses; stop those no other webctx process uses."""
     with _lock:
