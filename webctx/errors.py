@@ -22,6 +22,7 @@ WebctxError
 |   +-- UnsupportedContent       # not HTML / XHTML / plain text
 |   +-- HTTPStatusError(status)
 |   +-- ExtractionError          # no main text could be extracted
+|   +-- NeedsRender              # a script-rendered shell and no browser to render it
 +-- ProviderError(provider)      # search / embeddings / vector store refused the request
 
 The HTTP API maps the tree to status codes in one table (`webctx.api.http`); the MCP tools
@@ -167,6 +168,14 @@ class ExtractionError(FetchError):
     """No main text could be extracted from the page."""
 
     reason = "extraction"
+
+
+class NeedsRender(FetchError):
+    """The page is an empty shell its scripts fill, and it cannot be rendered here."""
+
+    reason = "needs_render"
+    INSTALL_HINT = ("rendering needs Chromium and Playwright: `apt-get install chromium` and "
+                    "`pip install 'webctx[render]'` (or set WEBCTX_RENDER__BROWSER)")  # fmt: skip
 
 
 class ProviderError(WebctxError):

@@ -23,11 +23,12 @@ from lxml.html import HtmlElement
 from trafilatura.metadata import examine_meta, extract_meta_json, extract_title
 from trafilatura.utils import load_html
 
-from webctx.errors import BlockedURL, ExtractionError
+from webctx.errors import BlockedURL, ExtractionError, NeedsRender
 from webctx.models import Download, Page
 from webctx.protocols import Fetcher
 from webctx.stages.format_chars import protect
 from webctx.stages.language import declared_language, detect_language
+from webctx.stages.shell import script_shell
 
 T = TypeVar("T")
 
@@ -72,8 +73,9 @@ def fetch_page(url: str, fetcher: Fetcher, *, extract_timeout_s: float = 15.0) -
     return extract_page(fetcher.fetch(url), timeout_s=extract_timeout_s)
 
 
-def extract_page(download: Download, *, timeout_s: float = 15.0) -> Page:
-    """The main text and metadata of a download; raises ExtractionError or BlockedURL."""
+def extract_page(download: Download, *, timeout_s: float = 15.0, rendered: bool = False) -> Page:
+    """The main text and metadata of a download; raises ExtractionError, BlockedURL, or
+    NeedsRender for a script-rendered shell (unless the download is already `rendered`)."""
     media = download.content_type.split(";")[0].strip().lower()
     source = decode_body(download)
     host = urlsplit(download.final_url).hostname or ""
@@ -83,6 +85,12 @@ def extract_page(download: Download, *, timeout_s: float = 15.0) -> Page:
         text, meta = _call_with_timeout(
             lambda: _extract_html(source, download.final_url), timeout_s, download.url
         )
+    if len(text) < MIN_TEXT_CHARS and not rendered and media != "text/plain":
+        # Before the interstitial check: a shell's <noscript> says "enable JavaScript" too.
+        # A challenge page is scripts and a notice as well: its title and markup say so.
+        shell = None if detect_challenge(meta.title, source) else script_shell(source)
+        if shell is not None:
+            raise NeedsRender(download.url, f"the page is rendered by script ({shell})")
     reason = detect_interstitial(meta.title, text, "" if media == "text/plain" else source)
     if reason is not None:
         raise BlockedURL(download.url, f"interstitial page ({reason!r})")
@@ -144,7 +152,13 @@ def detect_interstitial(title: str, text: str, html: str) -> str | None:
     """The tell-tale phrase if this looks like a block/CAPTCHA/"enable JavaScript" page."""
     if len(text) > _INTERSTITIAL_MAX_CHARS:
         return None
-    match = _INTERSTITIAL.search(f"{title}\n{text}")
+    match = _INTERSTITIAL.search(text)
+    return match.group(0).lower() if match else detect_challenge(title, html)
+
+
+def detect_challenge(title: str, html: str) -> str | None:
+    """The tell-tale of a bot challenge in a page's title or markup (not its text)."""
+    match = _INTERSTITIAL.search(title)
     if match:
         return match.group(0).lower()
     markup = html[:200_000].lower()
