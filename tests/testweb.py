@@ -4,6 +4,7 @@ over all of it, and an OpenAI-compatible embeddings endpoint with real rate limi
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import trafilatura
@@ -75,11 +76,19 @@ class LoopbackWeb:
             server.stop()
 
 
-def start_test_web(*, rpm: int | None = 600, tpm: int | None = 2_000_000) -> LoopbackWeb:
-    """Start the three servers; hostile pages rank high for battery questions."""
+def start_test_web(
+    *,
+    rpm: int | None = 600,
+    tpm: int | None = 2_000_000,
+    extra: Mapping[str, tuple[SitePage, str, str]] | None = None,
+) -> LoopbackWeb:
+    """Start the three servers; hostile pages rank high for battery questions. `extra`
+    adds pages by path: (page, title, the text search matches; empty: not searchable)."""
     corpus = load_corpus()
+    extra = extra or {}
     pages = {p.path: SitePage(body=p.html) for p in corpus}
     pages.update({path: page for path, (page, _) in HOSTILE.items()})
+    pages.update({path: page for path, (page, _, _) in extra.items()})
     hits: collections.Counter[str] = collections.Counter()
     not_modified: collections.Counter[str] = collections.Counter()
     site = LoopbackServer(make_site_app(pages, hits=hits, not_modified=not_modified)).start()
@@ -93,6 +102,8 @@ def start_test_web(*, rpm: int | None = 600, tpm: int | None = 2_000_000) -> Loo
         for p in corpus
     ]
     docs += [SearchDoc(site.url + path, title, TOPIC) for path, (_, title) in HOSTILE.items()]
+    docs += [SearchDoc(site.url + path, title, text) for path, (_, title, text) in extra.items()
+             if text]  # fmt: skip
     search = LoopbackServer(make_searxng_app(docs)).start()
     embed = HashEmbedder(model=MODEL).vectors
     embeddings = LoopbackServer(

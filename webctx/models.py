@@ -125,7 +125,7 @@ class Failure(BaseModel):
     """A source that did not make it, and why."""
 
     url: str
-    stage: Literal["search", "fetch", "extract", "embed", "store", "rank"]
+    stage: Literal["search", "fetch", "extract", "render", "embed", "store", "rank"]
     error: str
     reason: str = "error"
 

@@ -41,6 +41,14 @@ class Fetcher(Protocol):
         ...
 
 
+class Renderer(Protocol):
+    """Loads a page in a browser whose every request passes the fetch guard."""
+
+    def render(self, url: str) -> Download:
+        """The rendered DOM of `url` as an HTML Download. Raises FetchError subclasses."""
+        ...
+
+
 @dataclass(frozen=True)
 class Embeddings:
     """One embedder call's answer: a vector per text, and what the provider said of its

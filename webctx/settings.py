@@ -35,6 +35,43 @@ class FetchSettings(BaseModel):
     """Longest pause of a host after it answered 429/503."""
 
 
+class RenderSettings(BaseModel):
+    """Pages rendered by script: headless Chromium behind the fetch guard
+    (WEBCTX_RENDER__<NAME>, docs/security.md)."""
+
+    enabled: bool = True
+    """False: a page that needs a browser fails `needs_render` (no render queue)."""
+    browser: str = ""
+    """Chromium's executable; empty: the first of chromium, chromium-browser, google-chrome
+    on PATH. Never downloaded."""
+    remote: bool = False
+    """Divert to the render queue even when this process has no browser (a render worker
+    elsewhere has one): set on fetch workers of a deployment with a render role."""
+    always_domains: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Rendered without trying the static fetch first (subdomains included)."""
+    never_domains: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Never rendered: their shells fail `needs_render`."""
+    page_timeout_s: float = Field(default=20.0, gt=0)
+    """The whole render of one page: navigation, scripts, settling, reading the DOM."""
+    settle_ms: int = Field(default=500, ge=0)
+    """Quiet time after the load event, for scripts that fill the page late."""
+    max_page_bytes: int = Field(default=20_000_000, ge=100_000)
+    """Bytes of all responses one page may load; further requests are refused."""
+    js_heap_mb: int = Field(default=256, ge=32)
+    """V8 heap cap of each renderer process (--max-old-space-size)."""
+    memory_mb: int = Field(default=1024, ge=128)
+    """The browser's processes together (RSS) above this: restarted after the page."""
+    concurrency: int = Field(default=2, ge=1)
+    """Pages one browser renders at once (each in its own context)."""
+
+    @field_validator("always_domains", "never_domains", mode="before")
+    @classmethod
+    def _split_domains(cls, value: object) -> object:
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            return [part.strip().lower() for part in value.split(",") if part.strip()]
+        return value
+
+
 class ChunkSettings(BaseModel):
     """Chunking targets in tokens (WEBCTX_CHUNK__<NAME>)."""
 
@@ -210,6 +247,7 @@ class Settings(BaseSettings):
     under the 60 s request timeout of the TypeScript SDK's clients."""
 
     fetch: FetchSettings = FetchSettings()
+    render: RenderSettings = RenderSettings()
     chunk: ChunkSettings = ChunkSettings()
     embed: EmbedSettings = EmbedSettings()
     index: IndexSettings = IndexSettings()

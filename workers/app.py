@@ -15,7 +15,7 @@ from celery import Celery, group, signals
 
 from webctx import tokens
 from webctx.allocator import return_freed_memory
-from webctx.errors import ConfigError, WebctxError
+from webctx.errors import ConfigError, NeedsRender, WebctxError
 from webctx.jobs.batches import FeedOnItemEnd
 from webctx.jobs.store import JobObserver
 from webctx.settings import get_settings
@@ -148,6 +148,25 @@ def leave_store_queues(instance: Any, queues: set[str], why: str) -> None:
         _standby.update(hostname=instance.hostname, queues=dropped)
 
 
+RENDER_QUEUE = "render"
+
+
+def leave_render_queue(instance: Any, queues: set[str]) -> set[str]:
+    """The queues left to consume once `render` is dropped where this process cannot render
+    (no browser, or rendering off), said in one line; exit when nothing is left."""
+    if RENDER_QUEUE not in queues or worker_deps().engine.renderer is not None:
+        return queues
+    settings = worker_deps().settings
+    why = NeedsRender.INSTALL_HINT if settings.render.enabled else "WEBCTX_RENDER__ENABLED=false"
+    remaining = queues - {RENDER_QUEUE}
+    if not remaining:
+        logger.critical("cannot serve render: %s", why)
+        raise SystemExit(1)
+    instance.app.amqp.queues.deselect([RENDER_QUEUE])
+    logger.warning("not consuming render: no browser here (%s)", why)
+    return remaining
+
+
 _standby: dict[str, Any] = {}
 """The store queues this worker left at start, to take over once the store is released."""
 STANDBY_POLL_S = 5.0
@@ -189,7 +208,7 @@ def _prepare(instance: Any = None, **_: Any) -> None:
     applied = return_freed_memory()  # before the pool's threads or children exist
     settings = ", ".join(f"{name}={value}" for name, value in applied.items()) or "none"
     logger.info("allocator set to return freed memory: %s", settings)
-    queues = set(instance.app.amqp.queues.consume_from)
+    queues = leave_render_queue(instance, set(instance.app.amqp.queues.consume_from))
     why = store_refusal(queues, instance.pool_cls)
     if why is not None:
         leave_store_queues(instance, queues, why)

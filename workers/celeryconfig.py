@@ -78,7 +78,7 @@ result_serializer = "json"
 accept_content = ["json"]
 
 # One queue per stage, so each can be scaled alone.
-STAGE_QUEUES = ("search", "fetch", "embed", "store", "rank")
+STAGE_QUEUES = ("search", "fetch", "render", "embed", "store", "rank")
 task_default_queue = "search"
 task_default_exchange = "search"
 task_default_routing_key = "search"
@@ -101,6 +101,8 @@ task_routes = {
     "webctx.plan": {"queue": "search"},
     "webctx.search": {"queue": "search"},
     "webctx.fetch": {"queue": "fetch"},
+    # Script-filled pages: a headless browser per worker process (docs/architecture.md).
+    "webctx.render": {"queue": "render"},
     "webctx.embed": {"queue": "embed"},
     "webctx.embed_question": {"queue": "embed"},
     # store and rank are the only stages that open the vector store (the embedded engine

@@ -26,7 +26,7 @@ from webctx.jobs.tenants import TenantStore
 from webctx.models import Page
 from webctx.net.addresses import AddressPolicy
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
-from webctx.protocols import ConditionalFetcher, Embedder, SearchProvider, VectorStore
+from webctx.protocols import ConditionalFetcher, Embedder, Renderer, SearchProvider, VectorStore
 from webctx.settings import EmbedSettings, Settings
 from webctx.stages.plan import LLMPlanner, plan_queries
 
@@ -102,8 +102,12 @@ class Deps:
         return self.engine.store
 
     def close(self) -> None:
-        """Close the vector store if it was opened (the embedded engine holds a lock)."""
+        """Close the vector store if it was opened (the embedded engine holds a lock), and
+        the browser if one was launched."""
         self.engine.close_store()
+        close = getattr(self.engine.renderer, "close", None)
+        if callable(close):
+            close()
 
 
 def state_url(settings: Settings) -> str:
@@ -178,6 +182,18 @@ def build_fetcher(settings: Settings, *, state: redis.Redis | None = None) -> Co
     policy = address_policy(settings)
     politeness = Politeness.from_settings(settings.fetch, shared=state)
     return HttpxFetcher(settings.fetch, policy=policy, politeness=politeness)
+
+
+def build_renderer(settings: Settings) -> Renderer | None:
+    """The process's browser renderer (launched on first use), or None when rendering is
+    off or no browser (or no Playwright) is installed here."""
+    from webctx.adapters.browser import ChromiumRenderer, find_browser
+
+    executable = find_browser(settings.render.browser) if settings.render.enabled else None
+    if executable is None:
+        return None
+    return ChromiumRenderer(settings.render, settings.fetch, executable=executable,
+                            policy=address_policy(settings))  # fmt: skip
 
 
 def build_embedder(settings: Settings) -> Embedder:
@@ -307,6 +323,7 @@ def build_engine(
         indexed_copy=indexed_copy,
         cache=build_embed_cache(settings),
         limiter=build_limiter(settings),
+        renderer=build_renderer(settings),
     )
 
 

@@ -32,6 +32,13 @@ def fetch(job_id: str, url_id: str) -> str:
     return url_id
 
 
+@app.task(name="webctx.render")
+def render(job_id: str, url_id: str) -> str:
+    """Render one script-filled page in the browser and extract it; on to embed, or settle."""
+    pages.render_one(worker_deps().engine, job_id, url_id)
+    return url_id
+
+
 @app.task(name="webctx.embed", bind=True)
 def embed(self: StageTask, job_id: str, url_id: str) -> str:
     """Chunk and embed one page and stage its vectors for the store task, or settle it."""

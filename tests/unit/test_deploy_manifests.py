@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 K8S_VERSION = "1.30.0"  # the oldest minor the schemas ship; what the manifests must satisfy
-STAGES = ("search", "fetch", "embed", "store", "rank")
+STAGES = ("search", "fetch", "render", "embed", "store", "rank")
 
 
 def compose_binary() -> Path:
@@ -74,8 +74,8 @@ def test_compose_config_validates_with_and_without_the_env_example() -> None:
 
 def test_compose_runs_a_worker_per_stage_with_the_right_pool_and_qdrant_server() -> None:
     services = compose_config()["services"]
-    pools = {"search": "threads", "fetch": "threads", "embed": "prefork", "store": "threads",
-             "rank": "prefork"}
+    pools = {"search": "threads", "fetch": "threads", "render": "threads", "embed": "prefork",
+             "store": "threads", "rank": "prefork"}  # fmt: skip
     for stage, pool in pools.items():
         svc = services[f"worker-{stage}"]
         cmd = svc["command"]
@@ -97,12 +97,23 @@ def test_compose_runs_a_worker_per_stage_with_the_right_pool_and_qdrant_server()
 def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     stages = re.findall(r"^FROM (\S+) AS (\w+)", text, flags=re.M)
-    assert [name for _, name in stages] == ["build", "runtime"]
-    assert all("slim" in image for image, _ in stages)
-    runtime = text.split("AS runtime", 1)[1]
+    assert [name for _, name in stages] == ["build", "runtime", "render"]
+    assert all("slim" in image for image, _ in stages[:2])
+    runtime, render = text.split("AS runtime", 1)[1].split("AS render", 1)
     assert "build-essential" not in runtime and "apt-get install" not in runtime
     assert re.search(r"^USER 10001", runtime, flags=re.M)
     assert "HEALTHCHECK" in runtime and 'ENTRYPOINT ["webctx"]' in runtime
+    # The render role adds Debian's chromium only, and runs as the same user again.
+    assert stages[2][0] == "runtime" and "build-essential" not in render
+    assert "chromium" in render
+    assert re.findall(r"^USER (\S+)", render, flags=re.M)[-1] == "10001:10001"
+
+
+def test_compose_builds_the_runtime_image_and_the_render_role_its_own() -> None:
+    services = compose_config()["services"]
+    assert services["api"]["build"]["target"] == "runtime"
+    assert services["worker-render"]["build"]["target"] == "render"
+    assert services["worker-fetch"]["environment"]["WEBCTX_RENDER__REMOTE"] == "true"
 
 
 # -- Kubernetes ------------------------------------------------------------------------------

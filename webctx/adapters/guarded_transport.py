@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ssl
 from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -142,6 +143,26 @@ def translated(url: str) -> Iterator[None]:
         raise for_url(exc, url) from exc
     except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
         raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
+
+
+def guarded_client(
+    backend: GuardedBackend,
+    *,
+    ssl_context: ssl.SSLContext,
+    connections: int,
+    keepalive_s: float,
+    timeout: httpx.Timeout,
+    headers: dict[str, str],
+) -> httpx.AsyncClient:
+    """An httpx client whose every connection goes through `backend` (checked addresses);
+    it follows no redirect (each hop must pass `checked_url` first) and ignores env proxies
+    (a proxy would connect for us, past the guard)."""
+    pool = httpcore.AsyncConnectionPool(
+        ssl_context=ssl_context, network_backend=backend, max_connections=connections,
+        max_keepalive_connections=connections, keepalive_expiry=keepalive_s,
+    )  # fmt: skip
+    return httpx.AsyncClient(transport=GuardedTransport(pool), timeout=timeout, headers=headers,
+                             follow_redirects=False, trust_env=False)  # fmt: skip
 
 
 def for_url(exc: FetchError, url: str) -> FetchError:

@@ -35,16 +35,15 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import httpcore
 import httpx
 
 from webctx.adapters.fetch_loop import FetchLoop
 from webctx.adapters.guarded_transport import (
     GuardedBackend,
-    GuardedTransport,
     NoSlot,
     checked_url,
     for_url,
+    guarded_client,
     redirect_location,
     translated,
 )
@@ -287,18 +286,12 @@ class HttpxFetcher:
         ports = frozenset(self._settings.allowed_ports)
         backend = GuardedBackend(self._policy, self._resolver, self._dns, ports)
         s = self._settings
-        size = max(10, 2 * s.concurrency)
-        pool = httpcore.AsyncConnectionPool(
-            ssl_context=self._ssl_context, network_backend=backend, max_connections=size,
-            max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_S,
-        )  # fmt: skip
-        return httpx.AsyncClient(
-            transport=GuardedTransport(pool),
-            timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
+        timeout = httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s)
+        return guarded_client(
+            backend, ssl_context=self._ssl_context, connections=max(10, 2 * s.concurrency),
+            keepalive_s=KEEPALIVE_S, timeout=timeout,
             headers={"User-Agent": s.user_agent, **_HEADERS},
-            follow_redirects=False,  # each hop must pass check_url and the address guard
-            trust_env=False,  # an env proxy would connect for us, past the guard
-        )
+        )  # fmt: skip
 
     async def _follow(self, client: httpx.AsyncClient, url: str, deadline: float) -> Download:
         current = url

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import html
+import json
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -60,6 +62,30 @@ def gzip_bomb_page(n_bytes: int) -> SitePage:
         remaining -= len(block)
     parts.append(compressor.flush())
     return SitePage(body=b"".join(parts), headers={"Content-Encoding": "gzip"})
+
+
+def script_shell_pages(path: str, title: str, paragraphs: Sequence[str]) -> dict[str, SitePage]:
+    """A page as single-page apps serve it: an empty mount node, a `<noscript>` notice and
+    a script bundle (at `path` + ".js") that writes the article into the DOM."""
+    bundle = path.rsplit("/", 1)[-1] + ".js"
+    shell = (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
+        f'</title><script type="module" src="{bundle}"></script></head><body><noscript>You '
+        'need to enable JavaScript to run this app.</noscript><div id="root"></div></body></html>'
+    )
+    script = (
+        f"const title = {json.dumps(title)};\nconst paragraphs = {json.dumps(list(paragraphs))};\n"
+        'const article = document.createElement("article");\n'
+        'const heading = document.createElement("h1");\nheading.textContent = title;\n'
+        "article.append(heading);\nfor (const text of paragraphs) {\n"
+        '  const p = document.createElement("p");\n  p.textContent = text;\n'
+        "  article.append(p);\n}\n"
+        'document.getElementById("root").append(article);\n'
+    )
+    return {
+        path: SitePage(body=shell),
+        path + ".js": SitePage(body=script, content_type="text/javascript; charset=utf-8"),
+    }
 
 
 def make_site_app(

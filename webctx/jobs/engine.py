@@ -23,6 +23,7 @@ from webctx.protocols import (
     ConditionalFetcher,
     Embedder,
     EmbeddingCache,
+    Renderer,
     SearchProvider,
     VectorStore,
 )
@@ -60,6 +61,8 @@ class Engine:
     indexed_copy: IndexedCopy
     cache: EmbeddingCache | None = None
     limiter: RedisRateLimiter | None = None
+    renderer: Renderer | None = None
+    """The browser of this process (launched on first use); None: none installed."""
     _store: VectorStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -2,6 +2,7 @@
 
     plan ─► search × queries ─► (last search) choose URLs ─► fetch × URLs ─► embed × pages
          ─► store × pages ─► (last page settled) rank ─► bundle
+    a script-filled page: fetch ─► render ─► embed (its fetch completes when render ends)
       └──► embed_question (the question's vector into the embedding cache, ahead of rank)
 
 No chords: on a Redis result backend a chord's body runs only when every header result
@@ -69,6 +70,10 @@ class FanIn:
     def fetched(self, job_id: str, url_id: str) -> None:
         """One URL's fetch is done (for progress: each page then moves on by itself)."""
         self.jobs.complete(job_id, "fetch", url_id, total=len(self.jobs.urls(job_id)))
+
+    def to_render(self, job_id: str, url_id: str) -> None:
+        """Render one script-filled page in a browser; its fetch completes when that ends."""
+        self.start("render", [(job_id, url_id)])
 
     def to_embed(self, job_id: str, url_id: str) -> None:
         """Chunk and embed one fetched page."""

@@ -14,9 +14,10 @@ from datetime import UTC, datetime
 
 import redis
 
-from webctx.errors import FetchError
+from webctx.errors import ExtractionError, FetchError, NeedsRender
 from webctx.jobs.caches import PageCache, RememberedFailure
 from webctx.jobs.engine import Engine
+from webctx.jobs.rendering import TO_RENDER, ToRender, always_rendered, render_refusal
 from webctx.jobs.steps import record_failure
 from webctx.models import Failure, Page
 from webctx.stages.fetch import extract_page
@@ -26,9 +27,11 @@ CLAIM_ATTEMPTS = 3
 """Times a batch item tries to claim a URL's download before downloading it regardless."""
 
 
-def fetch_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page | None:
-    """The page of `url` for the job (saved in the job store), or None with the failure
-    recorded."""
+def fetch_for_job(
+    engine: Engine, job_id: str, url_id: str, url: str
+) -> Page | ToRender | None:
+    """The page of `url` for the job (saved in the job store), TO_RENDER when a browser
+    must render it (`webctx.jobs.rendering`), or None with the failure recorded."""
     jobs = engine.jobs
     indexed = _indexed_copy(engine, job_id, url)
     if indexed is not None:  # no download; its embed is an idempotent upsert (cache hits)
@@ -92,9 +95,12 @@ def _cached_outcome(
     return failure
 
 
-def _download(engine: Engine, job_id: str, url_id: str, url: str, cache: PageCache) -> Page | None:
+def _download(
+    engine: Engine, job_id: str, url_id: str, url: str, cache: PageCache
+) -> Page | ToRender | None:
     """Download and extract `url` for the job; remember the page (or the failure). A page
-    fetched before, past its window, is asked for with its validators (conditional GET)."""
+    fetched before, past its window, is asked for with its validators (conditional GET).
+    A script-rendered shell, or any page of an "always render" domain, goes to render."""
     jobs = engine.jobs
     stale = cache.stale(url) if reads_caches(engine, job_id) else None
     prior = jobs.page(stale.sha) if stale else None
@@ -110,6 +116,14 @@ def _download(engine: Engine, job_id: str, url_id: str, url: str, cache: PageCac
         else:
             jobs.add_counts(job_id, pages_downloaded=1)
             page = extract_page(download, timeout_s=engine.settings.fetch.extract_timeout_s)
+            if always_rendered(engine, url):
+                return TO_RENDER
+    except (NeedsRender, ExtractionError) as exc:
+        diverted = _to_render(engine, job_id, url_id, url, exc)
+        if diverted is not None:
+            return diverted
+        cache.remember_failure(url, RememberedFailure("extract", exc.reason, str(exc)))
+        return None
     except FetchError as exc:
         jobs.add_counts(job_id, pages_downloaded=1)
         stage = "extract" if exc.reason == "extraction" else "fetch"
@@ -125,3 +139,18 @@ def _download(engine: Engine, job_id: str, url_id: str, url: str, cache: PageCac
     jobs.save_page(job_id, url_id, page)
     cache.remember(url, page)
     return page
+
+
+def _to_render(
+    engine: Engine, job_id: str, url_id: str, url: str, exc: NeedsRender | ExtractionError
+) -> ToRender | None:
+    """TO_RENDER for a shell (or an empty page of an "always render" domain) that may be
+    rendered; else None with the failure recorded (`needs_render` says why not)."""
+    if not isinstance(exc, NeedsRender) and not always_rendered(engine, url):
+        record_failure(engine, job_id, url_id, url, "extract", exc)
+        return None
+    why = render_refusal(engine, url)
+    if why is None:
+        return TO_RENDER
+    record_failure(engine, job_id, url_id, url, "extract", NeedsRender(url, f"{exc}; {why}"))
+    return None

@@ -1,4 +1,4 @@
-"""The steps of one page of a job: fetch, embed (chunk + embed, staged), store.
+"""The steps of one page of a job: fetch (or render), embed (chunk + embed, staged), store.
 
 Each page moves on by itself: fetched, it goes to the embed queue unless its text is
 known to be stored already; embedded, its vectors wait in Redis for the store queue (the
@@ -17,6 +17,7 @@ import redis
 from webctx.errors import TransientError
 from webctx.jobs.engine import Engine, Retry
 from webctx.jobs.fetching import fetch_for_job
+from webctx.jobs.rendering import ToRender, render_for_job
 from webctx.jobs.steps import record_failure
 from webctx.models import Failure, Page
 from webctx.stages.compose import EmbeddedPage, IndexOutcome, embed_page, store_page
@@ -26,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 def fetch_one(engine: Engine, job_id: str, url_id: str) -> None:
     """Download and extract one page (once), then hand it to the embed queue, or settle
-    it here (a failure, or its text already stored)."""
+    it here (a failure, or its text already stored), or send it to the render queue (its
+    fetch then completes when the render ends)."""
     jobs = engine.jobs
     if not jobs.is_active(job_id):
         return
@@ -35,8 +37,33 @@ def fetch_one(engine: Engine, job_id: str, url_id: str) -> None:
     if page is None and not jobs.is_done(job_id, "fetch", url_id):
         jobs.mark_stage(job_id, "fetch", start=True)
         with _delivery(engine, job_id, "fetch", url_id, url=url) as alive:
-            page = fetch_for_job(engine, job_id, url_id, url) if alive else None
+            got = fetch_for_job(engine, job_id, url_id, url) if alive else None
         jobs.mark_stage(job_id, "fetch", start=False)
+        if isinstance(got, ToRender):
+            engine.fanin.to_render(job_id, url_id)
+            return
+        page = got
+    _fetched(engine, job_id, url_id, page)
+
+
+def render_one(engine: Engine, job_id: str, url_id: str) -> None:
+    """Render one page in the browser (once) and extract the rendered DOM; then, as a
+    fetch would, hand it to the embed queue or settle it."""
+    jobs = engine.jobs
+    if not jobs.is_active(job_id):
+        return
+    url = jobs.url(job_id, url_id)
+    page = jobs.page_for(job_id, url_id)
+    if page is None and not jobs.is_done(job_id, "fetch", url_id):
+        jobs.mark_stage(job_id, "render", start=True)
+        with _delivery(engine, job_id, "render", url_id, url=url) as alive:
+            page = render_for_job(engine, job_id, url_id, url) if alive else None
+        jobs.mark_stage(job_id, "render", start=False)
+    _fetched(engine, job_id, url_id, page)
+
+
+def _fetched(engine: Engine, job_id: str, url_id: str, page: Page | None) -> None:
+    """The page's fetch is complete: on to embed, or settled (failed, or stored already)."""
     engine.fanin.fetched(job_id, url_id)
     if page is not None and not _stored_already(engine, job_id, url_id, page):
         engine.fanin.to_embed(job_id, url_id)
