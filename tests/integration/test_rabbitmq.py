@@ -20,7 +20,7 @@ from webctx.models import Bundle
 pytestmark = pytest.mark.xdist_group("rabbitmq")
 
 AMQP_URL = os.environ.get("WEBCTX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-QUEUES = ("search", "fetch", "embed", "store", "rank", "reindex")
+QUEUES = ("search", "fetch", "render", "embed", "store", "rank", "reindex")
 QUESTION = "how do lithium-ion batteries degrade?"
 
 
