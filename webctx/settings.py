@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -67,8 +68,12 @@ class RenderSettings(BaseModel):
     @field_validator("always_domains", "never_domains", mode="before")
     @classmethod
     def _split_domains(cls, value: object) -> object:
-        if isinstance(value, str) and not value.lstrip().startswith("["):
-            return [part.strip().lower() for part in value.split(",") if part.strip()]
+        """"a.org, b.org" or a JSON list; lower-cased."""
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else text.split(",")
+        if isinstance(value, list):
+            return [str(part).strip().lower() for part in value if str(part).strip()]
         return value
 
 
