@@ -230,3 +230,21 @@ def test_without_a_browser_the_shell_fails_needs_render_with_a_hint(
     failure = failed[shell_web.site.url + SHELL_PATH]
     assert failure.reason == "needs_render"
     assert "apt-get install chromium" in failure.error
+
+
+def test_a_browser_over_its_memory_cap_is_restarted_between_pages(
+    site: LoopbackServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert BROWSER is not None
+    policy = AddressPolicy(allowed_networks=["127.0.0.1/32"])
+    capped = ChromiumRenderer(RenderSettings(memory_mb=128), FetchSettings(),
+                              executable=BROWSER, policy=policy)  # fmt: skip
+    try:
+        with caplog.at_level("INFO", logger="webctx.adapters.browser"):
+            for _ in range(2):
+                assert SHELL_TEXT[2] in capped.render(site.url + SHELL_PATH).body.decode()
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages.count("browser restarted") == 2
+        assert messages.count("browser started") == 2  # the second page launched a new one
+    finally:
+        capped.close()

@@ -136,6 +136,10 @@ class ChromiumRenderer:
             except TimeoutError as exc:
                 limit = self._render_settings.page_timeout_s
                 raise FetchTimeout(url, f"the page did not render within {limit}s") from exc
+            except FetchError:
+                raise
+            except Exception as exc:  # Playwright's errors: a crashed renderer, a closed page
+                raise FetchError(url, f"browser: {_line(exc)}") from exc
             finally:
                 self._active -= 1
                 await self._cap_memory()
