@@ -202,7 +202,11 @@ class ChromiumRenderer:
             with contextlib.suppress(PlaywrightTimeout):  # a page that keeps polling
                 settle = self._render_settings.settle_ms
                 await page.wait_for_load_state("networkidle", timeout=max(settle * 4, 1))
-            html = await page.content()
+            try:
+                html = await page.content()
+            except PlaywrightError:  # navigating at that moment: read it once it has loaded
+                await page.wait_for_load_state("load")
+                html = await page.content()
             final_url = page.url
             if not final_url.startswith(("http://", "https://")):  # chrome-error://…
                 if budget.refused:
