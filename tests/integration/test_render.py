@@ -248,3 +248,20 @@ def test_a_browser_over_its_memory_cap_is_restarted_between_pages(
         assert messages.count("browser started") == 2  # the second page launched a new one
     finally:
         capped.close()
+
+
+def test_a_plain_worker_without_a_browser_serves_the_rest_and_says_so_in_one_line(
+    redis_client: redis.Redis, start_worker, tmp_path: Path
+) -> None:
+    env = clean_env(
+        CELERY_BROKER_URL=redis_url(),
+        WEBCTX_QDRANT_PATH=str(tmp_path / "q"),
+        WEBCTX_EMBEDDING_PROVIDER="hash",
+        WEBCTX_RENDER__BROWSER="no-such-browser",
+    )
+    worker = start_worker(env)  # every queue by default
+    log = worker.log.read_text()
+    lines = [line for line in log.splitlines() if "not consuming render" in line]
+    assert len(lines) == 1 and "apt-get install chromium" in lines[0]
+    consumed = log.split("[queues]", 1)[1].split("[tasks]", 1)[0]
+    assert "fetch" in consumed and "render" not in consumed
