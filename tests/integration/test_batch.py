@@ -309,7 +309,14 @@ def test_batch_wait_polls_through_a_redis_outage(
         client.close()
         time.sleep(1.5)  # the CLI is polling now
         own.stop()
-        time.sleep(4)  # a few seconds without Redis
+        # Down until the CLI has met the outage (it polls every few seconds; a fixed 4 s
+        # fell between two polls on a loaded machine), then a little more.
+        deadline = time.monotonic() + 60
+        while "unreachable, still waiting" not in (tmp_path / "cli.log").read_text():
+            assert cli.poll() is None, (tmp_path / "cli.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the CLI never reported the outage"
+            time.sleep(0.2)
+        time.sleep(2)
         assert cli.poll() is None, (tmp_path / "cli.log").read_text()[-2000:]
         own.start()
         start_worker(env, "-c", "2")
