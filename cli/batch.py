@@ -71,7 +71,10 @@ def _batches(settings: Settings) -> Iterator[BatchStore]:
 @batch.command("submit")
 def submit(
     file: Annotated[
-        Path, typer.Argument(help="JSONL: {id, question, token_budget?, max_sources?}")
+        Path,
+        typer.Argument(
+            help="JSONL: {id, question, token_budget?, max_sources?, max_age?, stale_if_error?}"
+        ),
     ],
     name: Annotated[str, typer.Option(help="Batch name: the same name and file, the same batch.")],
     token_budget: Annotated[int | None, typer.Option(help="Default for items.")] = None,

@@ -19,7 +19,14 @@ from webctx.settings import get_settings
 
 
 def _request(
-    question: str, *, max_sources: int, top_k: int, token_budget: int, max_queries: int
+    question: str,
+    *,
+    max_sources: int,
+    top_k: int,
+    token_budget: int,
+    max_queries: int,
+    max_age: int | None = None,
+    stale_if_error: bool = False,
 ) -> JobRequest:
     try:
         return JobRequest(
@@ -28,6 +35,8 @@ def _request(
             top_k=top_k,
             token_budget=token_budget,
             max_queries=max_queries,
+            max_age=max_age,
+            stale_if_error=stale_if_error,
         )
     except ValidationError as exc:
         problems = "; ".join(
@@ -43,6 +52,19 @@ def research(
     top_k: Annotated[int, typer.Option(help="Chunks in the bundle at most.")] = 60,
     token_budget: Annotated[int, typer.Option(help="Tokens of chunk text at most.")] = 3000,
     max_queries: Annotated[int, typer.Option(help="Search queries planned at most.")] = 4,
+    max_age: Annotated[
+        int | None,
+        typer.Option(
+            help="Seconds: reuse a page copy confirmed current this recently (default: "
+            "WEBCTX_PAGE_CACHE_TTL_S); 0: download every page now."
+        ),
+    ] = None,
+    stale_if_error: Annotated[
+        bool,
+        typer.Option(
+            "--stale-if-error", help="Serve an older copy (marked stale) when a download fails."
+        ),
+    ] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and exit.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds to wait for the job.")] = None,
 ) -> None:
@@ -55,6 +77,8 @@ def research(
         top_k=top_k,
         token_budget=token_budget,
         max_queries=max_queries,
+        max_age=max_age,
+        stale_if_error=stale_if_error,
     )
     settings = get_settings()
     wait_s = timeout if timeout is not None else settings.job_timeout_s + 30

@@ -63,7 +63,8 @@ FAMILIES: tuple[KeyFamily, ...] = (
     # -- the job engine -------------------------------------------------------------------
     KeyFamily("webctx:job:{job_id}:{part}", _JOBS, "ttl", "owned",
               "a job's state: meta (the tenant), search, urls, pages, failures, counters, "
-              "times, done:<step>, deliveries, bundle; WEBCTX_JOB_TTL_S after each write"),
+              "retrieved (how each page was got), times, done:<step>, deliveries, bundle; "
+              "WEBCTX_JOB_TTL_S after each write"),
     KeyFamily("webctx:page:{content_sha256}", _JOBS, "ttl", "shared",
               "a page a job fetched, by content hash; any job that meets the text links it"),
     KeyFamily("webctx:tenant:{tenant}:pages", _JOBS, "ttl", "tenant",

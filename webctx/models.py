@@ -9,6 +9,12 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 BUNDLE_SCHEMA_VERSION = 1
+MAX_AGE_LIMIT_S = 365 * 24 * 3600
+"""The largest `max_age` a request may name (one year, in seconds)."""
+
+Retrieved = Literal["live", "revalidated", "cached", "index"]
+"""Where a source's text came from: a download for this job, a stored copy the server
+confirmed unchanged (304), the shared page cache, or the persistent index."""
 
 
 def utcnow() -> datetime:
@@ -28,6 +34,20 @@ class JobRequest(BaseModel):
     include_domains: list[str] = Field(default_factory=list)
     exclude_domains: list[str] = Field(default_factory=list)
     recency_days: int | None = Field(default=None, ge=1, le=3650)
+    max_age: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_AGE_LIMIT_S,
+        description="Seconds: a stored copy of a page confirmed current this recently is "
+        "used instead of a download. Default (null): the page-cache window "
+        "(WEBCTX_PAGE_CACHE_TTL_S, 24 h). 0: every page is downloaded for this job, never "
+        "a copy older than the job. The configured windows cap it.",
+    )
+    stale_if_error: bool = Field(
+        default=False,
+        description="When a page's download fails, use the newest stored copy instead "
+        "(its source says `stale` and why); without it the page fails.",
+    )
 
     @field_validator("question")
     @classmethod
@@ -91,6 +111,17 @@ class Page(BaseModel):
     last_modified: str | None = None
 
 
+class Retrieval(BaseModel):
+    """How one job got a page: where from, when its text was last confirmed current."""
+
+    retrieved: Retrieved
+    checked_at: datetime
+    stale: bool = False
+    """True when the download failed and an older copy was used (`stale_if_error`)."""
+    stale_reason: str | None = None
+    """Why the download failed, when `stale`."""
+
+
 class Chunk(BaseModel):
     """A token-bounded span of a page's text; `text == page.text[start:end]`."""
 
@@ -145,6 +176,15 @@ class BundleSource(BaseModel):
     author: str | None = None
     language: str | None = None
     """BCP 47 tag the page declares (`en-GB`), else the detected ISO 639-1 code, else None."""
+    retrieved: Retrieved | None = None
+    """live, revalidated (304), cached (the shared page cache) or index; None in bundles
+    made before it was recorded."""
+    checked_at: datetime | None = None
+    """When the text was last confirmed current (downloaded or revalidated)."""
+    stale: bool = False
+    """The download failed and this older copy was used (the request's `stale_if_error`)."""
+    stale_reason: str | None = None
+    """Why the download failed, when `stale`."""
 
 
 class BundleChunk(BaseModel):

@@ -300,11 +300,10 @@ def build_engine(
     embedder, search = build_embedder(settings), build_search(settings)
     scope = store_scope(settings, embedder.model)
     staging_scope = hashlib.sha256("\x1f".join(scope).encode()).hexdigest()[:16]
-    index = settings.index
 
-    def indexed_copy(tenant: str, url: str) -> Page | None:
-        return stores.records.fresh_page(tenant, url, max_age_s=index.max_age_s,
-                                         model=embedder.model)  # fmt: skip
+    def indexed_copy(tenant: str, url: str, max_age_s: float) -> tuple[Page, float] | None:
+        return stores.records.confirmed_copy(tenant, url, max_age_s=max_age_s,
+                                             model=embedder.model)  # fmt: skip
 
     return Engine(
         settings=settings,
@@ -315,8 +314,9 @@ def build_engine(
         embedder=embedder,
         plan=build_planner(settings),
         page_cache=stores.page_cache(ttl_s=settings.page_cache_ttl_s),
-        search_cache=stores.search_cache(ttl_s=settings.search_cache_ttl_s,
-                                         provider=getattr(search, "name", "")),
+        search_cache=stores.search_cache(
+            ttl_s=settings.search_cache_ttl_s, provider=getattr(search, "name", "")
+        ),
         stored=stores.stored_pages(ttl_s=settings.page_cache_ttl_s, scope=scope),
         staging=ChunkStaging(_bytes_client(settings), scope=staging_scope),
         open_store=lambda: build_store(settings),

@@ -392,11 +392,20 @@ class PageRecords:
         self, tenant: str, url: str, *, max_age_s: float, model: str, now: float | None = None
     ) -> Page | None:
         """The indexed page of `url` if confirmed current within `max_age_s` (same model)."""
+        copy = self.confirmed_copy(tenant, url, max_age_s=max_age_s, model=model, now=now)
+        return copy[0] if copy else None
+
+    def confirmed_copy(
+        self, tenant: str, url: str, *, max_age_s: float, model: str, now: float | None = None
+    ) -> tuple[Page, float] | None:
+        """The indexed page of `url` and when a run last confirmed it current (epoch
+        seconds), if that is within `max_age_s` (same model)."""
         record = self.get(tenant, url)
         now = time.time() if now is None else now
         if record is None or record.model != model or now - record.fetched_at > max_age_s:
             return None
-        return self.stored_page(record.content_sha256)
+        page = self.stored_page(record.content_sha256)
+        return (page, record.fetched_at) if page is not None else None
 
 
 def is_domain(site: str) -> bool:

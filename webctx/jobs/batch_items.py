@@ -133,7 +133,11 @@ def parse_item(
         value = raw.get(name, default)
         if value is not None:
             fields[name] = value
-    unknown = set(raw) - {"id", "question", "token_budget", "max_sources"}
+    for name in ("max_age", "stale_if_error"):  # the item's freshness contract
+        if name in raw:
+            fields[name] = raw[name]
+    unknown = set(raw) - {"id", "question", "token_budget", "max_sources", "max_age",
+                          "stale_if_error"}  # fmt: skip
     if unknown:
         return None, f"unknown field(s) {sorted(unknown)} (id {item_id!r})"
     try:

@@ -44,7 +44,7 @@ _FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCEL
 _STAT_NAMES = (
     "pages_downloaded", "pages_reused", "pages_revalidated", "searches_sent", "searches_cached",
     "chunks", "chunks_already_stored", "embed_requests", "tokens_embedded", "cache_hits",
-    "tokens_saved", "index_reused",
+    "tokens_saved", "index_reused", "pages_stale",
 )  # fmt: skip
 
 

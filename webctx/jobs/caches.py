@@ -2,13 +2,15 @@
 marks of pages known to be stored in the vector store.
 
     webctx:urlcache:<sha256(normalised url)>   hash  sha, fetched_at, etag, last_modified
-    webctx:urlfail:<sha256(normalised url)>    hash  stage, reason, error (a failed download)
+    webctx:urlfail:<sha256(normalised url)>    hash  stage, reason, error, failed_at (a failed
+                                               download)
     webctx:urlflight:<sha256(normalised url)>  one downloader's claim (SET NX, expiring)
     webctx:searchcache:<sha256(provider, limit, query)>   JSON list of SearchResult
     webctx:indexed:<content sha>   hash  <sha256(store, model, chunking)[:16]>: chunks stored
                                          (the stored-page marks)
 
-A page fetched within `ttl_s` is reused by any job (any tenant: the page is public web
+A page fetched within `ttl_s` (or a job's shorter `max_age`, webctx/jobs/freshness.py) is
+reused by any job (any tenant: the page is public web
 content, and the job store keeps it by content hash already), so a batch downloads each
 page once per freshness window; the stored page is linked to the new job as if fetched,
 which also puts it in the tenant's own page index. Past the window, an entry with an ETag
@@ -24,7 +26,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
@@ -49,12 +51,28 @@ class StaleEntry:
 
 
 @dataclass(frozen=True)
+class CacheEntry:
+    """The page last fetched from a URL (any age), and when it was confirmed current."""
+
+    sha: str
+    fetched_at: float
+    etag: str | None
+    last_modified: str | None
+
+    @property
+    def revalidatable(self) -> bool:
+        """True if a conditional GET can ask whether the page changed."""
+        return bool(self.etag or self.last_modified)
+
+
+@dataclass(frozen=True)
 class RememberedFailure:
-    """Why the last download of a URL failed."""
+    """Why the last download of a URL failed (and when: epoch seconds, 0 if unknown)."""
 
     stage: str
     reason: str
     error: str
+    failed_at: float = field(default=0.0, compare=False)
 
 
 def _digest(*parts: str) -> str:
@@ -81,6 +99,16 @@ class PageCache:
         age = (now if now is not None else time.time()) - float(raw.get("fetched_at", "0"))
         return raw["sha"] if age < self.ttl_s else None
 
+    def entry(self, url: str) -> CacheEntry | None:
+        """The page last fetched from `url`, of any age its key still holds, or None."""
+        if self.ttl_s <= 0:
+            return None
+        raw = cast(dict[str, str], self._redis.hgetall(self._key(url)))
+        if "sha" not in raw:
+            return None
+        return CacheEntry(raw["sha"], float(raw.get("fetched_at") or 0),
+                          raw.get("etag") or None, raw.get("last_modified") or None)  # fmt: skip
+
     def fresh_page(self, url: str, load: Callable[[str], Page | None]) -> Page | None:
         """The page fetched from `url` within the window (loaded by hash), or None."""
         sha = self.fresh_sha(url)
@@ -102,15 +130,18 @@ class PageCache:
         raw = cast(dict[str, str], self._redis.hgetall(self._failure_key(url)))
         if not raw:
             return None
-        return RememberedFailure(raw["stage"], raw["reason"], raw["error"])
+        failed_at = float(raw.get("failed_at") or 0)
+        return RememberedFailure(raw["stage"], raw["reason"], raw["error"], failed_at)
 
     def remember_failure(self, url: str, failure: RememberedFailure) -> None:
         """Record a failed download, for at most FAILURE_TTL_S; a fresh page stays."""
         if self.ttl_s <= 0 or self.fresh_sha(url):
             return
         key = self._failure_key(url)
+        failed_at = failure.failed_at or time.time()
         fields: dict[Any, Any] = {"stage": failure.stage, "reason": failure.reason,
-                                  "error": failure.error[:500]}  # fmt: skip
+                                  "error": failure.error[:500],
+                                  "failed_at": f"{failed_at:.3f}"}  # fmt: skip
         pipe = self._redis.pipeline()
         pipe.hset(key, mapping=fields)
         pipe.expire(key, min(self.ttl_s, FAILURE_TTL_S))

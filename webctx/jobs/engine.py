@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 Retry = Callable[[TransientError], None]
 """A task's retry: raises (the task runs again later) while retries remain, returns once
 they are spent (the step then records the failure)."""
-IndexedCopy = Callable[[str, str], Page | None]
-"""The persistent index's fresh copy of a URL for a tenant (tenant, url), or None."""
+IndexedCopy = Callable[[str, str, float], tuple[Page, float] | None]
+"""The persistent index's copy of a URL for a tenant (tenant, url, max age in seconds) and
+when it was last confirmed current (epoch seconds), or None."""
 Plan = Callable[[str, int], list[str]]
 """Search queries for a question, at most n."""
 

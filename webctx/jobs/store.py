@@ -20,7 +20,15 @@ from typing import Any, Literal, Protocol, cast
 import redis
 
 from webctx.errors import JobNotFound
-from webctx.models import Bundle, Failure, JobRequest, JobStatus, Page, SearchResult
+from webctx.models import (
+    Bundle,
+    Failure,
+    JobRequest,
+    JobStatus,
+    Page,
+    Retrieval,
+    SearchResult,
+)
 
 Step = Literal["search", "fetch", "embed"]
 
@@ -252,8 +260,11 @@ class JobStore:
             raise JobNotFound(job_id)
         return cast(str, raw)
 
-    def save_page(self, job_id: str, url_id: str, page: Page) -> str:
-        """Store a page under its content hash and link it to the job; returns the hash."""
+    def save_page(
+        self, job_id: str, url_id: str, page: Page, retrieval: Retrieval | None = None
+    ) -> str:
+        """Store a page under its content hash and link it to the job (with how the job
+        got it, if given); returns the hash."""
         page_key = self._page_key(page.content_sha256)
         link = self._k(job_id, "pages")
         tenant = cast("str | None", self._redis.hget(self._k(job_id, "meta"), "tenant"))
@@ -261,6 +272,10 @@ class JobStore:
         pipe.set(page_key, page.model_dump_json(), ex=self.ttl_s)
         pipe.hset(link, url_id, page.content_sha256)
         self._expire(pipe, link)
+        if retrieval is not None:  # per job: the page record is shared by every job
+            retrieved = self._k(job_id, "retrieved")
+            pipe.hset(retrieved, page.content_sha256, retrieval.model_dump_json())
+            self._expire(pipe, retrieved)
         if tenant:
             # The tenant's own index of pages (by hash and URL): get_source never sees
             # a page that only another tenant's jobs fetched.
@@ -294,6 +309,11 @@ class JobStore:
             if page is not None:
                 out.setdefault(sha, page)
         return out
+
+    def retrievals(self, job_id: str) -> dict[str, Retrieval]:
+        """content_sha256 -> how the job got that page (where from, when confirmed)."""
+        raw = cast(dict[str, str], self._redis.hgetall(self._k(job_id, "retrieved")))
+        return {sha: Retrieval.model_validate_json(value) for sha, value in raw.items()}
 
     # -- failures and counters --------------------------------------------------------------
     def add_failure(self, job_id: str, key: str, failure: Failure) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC
 
 from webctx.models import (
     Bundle,
@@ -11,6 +12,7 @@ from webctx.models import (
     BundleStats,
     Failure,
     Page,
+    Retrieval,
     ScoredChunk,
 )
 
@@ -26,8 +28,11 @@ def build_bundle(
     ranked: Sequence[ScoredChunk],
     failures: Sequence[Failure],
     stats: BundleStats,
+    retrievals: Mapping[str, Retrieval] | None = None,
 ) -> Bundle:
-    """Number sources by first appearance among the score-ordered chunks and cite them."""
+    """Number sources by first appearance among the score-ordered chunks and cite them;
+    `retrievals` (by content hash) say how the job got each page."""
+    retrievals = retrievals or {}
     failures = list(failures)
     sources: dict[str, BundleSource] = {}
     chunks: list[BundleChunk] = []
@@ -40,7 +45,9 @@ def build_bundle(
                 Failure(url=scored.url, stage="rank", error="page missing", reason="missing_page")
             )
             continue
-        source = sources.get(page.content_sha256) or _source(len(sources) + 1, page)
+        source = sources.get(page.content_sha256) or _source(
+            len(sources) + 1, page, retrievals.get(page.content_sha256)
+        )
         sources[page.content_sha256] = source
         chunks.append(_bundle_chunk(source.id, scored))
     bundle_tokens = sum(c.tokens for c in chunks)
@@ -55,7 +62,7 @@ def build_bundle(
     )
 
 
-def _source(number: int, page: Page) -> BundleSource:
+def _source(number: int, page: Page, how: Retrieval | None) -> BundleSource:
     return BundleSource(
         id=number,
         url=page.url,
@@ -67,6 +74,10 @@ def _source(number: int, page: Page) -> BundleSource:
         content_sha256=page.content_sha256,
         author=page.author,
         language=page.language,
+        retrieved=how.retrieved if how else None,
+        checked_at=how.checked_at if how else None,
+        stale=how.stale if how else False,
+        stale_reason=how.stale_reason if how else None,
     )
 
 
@@ -108,8 +119,21 @@ def _source_line(source: BundleSource) -> str:
         if source.published
         else f"fetched {source.fetched_at.date().isoformat()}"
     )
-    about = [_one_line(source.author) if source.author else "", source.language or "", when]
+    about = [_one_line(source.author) if source.author else "", source.language or "", when,
+             _freshness_note(source)]  # fmt: skip
     return f"- [{source.id}] {title} — {source.url} ({'; '.join(a for a in about if a)})"
+
+
+def _freshness_note(source: BundleSource) -> str:
+    """`live, checked 2026-05-01 10:02 UTC`; a stale copy says so, and why."""
+    if source.retrieved is None:
+        return ""
+    note: str = source.retrieved
+    if source.checked_at is not None:
+        note += f", checked {source.checked_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+    if source.stale:
+        note += f", STALE: live fetch failed ({source.stale_reason or 'error'})"
+    return note
 
 
 def _one_line(text: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from webctx.models import Bundle, BundleStats, Chunk, Failure, Page, ScoredChunk
+from webctx.models import Bundle, BundleStats, Chunk, Failure, Page, Retrieval, ScoredChunk
 from webctx.net.ratelimit import RedisRateLimiter
 from webctx.protocols import Embedder, EmbeddingCache, VectorStore
 from webctx.settings import ChunkSettings, EmbedSettings
@@ -182,6 +182,7 @@ def answer_question(
     cache: EmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
     question_vector: Sequence[float] | None = None,
+    retrievals: Mapping[str, Retrieval] | None = None,
 ) -> Bundle:
     """Retrieve and fuse the job's chunks (`retrieve_candidates`), pack them, cite."""
     candidates = retrieve_candidates(
@@ -199,4 +200,5 @@ def answer_question(
         ranked=ranked,
         failures=failures,
         stats=stats,
+        retrievals=retrievals,
     )
