@@ -36,12 +36,13 @@ class JobRequest(BaseModel):
     recency_days: int | None = Field(default=None, ge=1, le=3650)
     max_age: int | None = Field(
         default=None,
-        ge=0,
+        ge=-1,
         le=MAX_AGE_LIMIT_S,
         description="Seconds: a stored copy of a page confirmed current this recently is "
         "used instead of a download. Default (null): the page-cache window "
         "(WEBCTX_PAGE_CACHE_TTL_S, 24 h). 0: every page is downloaded for this job, never "
-        "a copy older than the job. The configured windows cap it.",
+        "a copy older than the job. -1: stored copies only, of any age; a page without "
+        "one fails `not_cached`, nothing is downloaded. The configured windows cap it.",
     )
     stale_if_error: bool = Field(
         default=False,

@@ -81,6 +81,8 @@ def test_idempotency_key_returns_the_same_job(api_stack: ApiStack) -> None:
         assert again.headers["idempotent-replayed"] == "true"
         other = c.post("/v1/jobs", json={**SMALL, "top_k": 3}, headers=headers)
         assert other.status_code == 409 and "different request" in other.json()["message"]
+        fresher = c.post("/v1/jobs", json={**SMALL, "max_age": 0}, headers=headers)
+        assert fresher.status_code == 409  # max_age is part of the request
         _wait(c, first.json()["job_id"])
     with api_stack.client("beta") as c:  # keys are per tenant
         theirs = c.post("/v1/jobs", json=SMALL, headers=headers)
@@ -133,6 +135,8 @@ def test_bad_input_is_422_unknown_job_404_and_health(api_stack: ApiStack) -> Non
         assert "max_sources" in bad.json()["message"] and "question" in bad.json()["message"]
         assert c.post("/v1/jobs", content=b"{not json").status_code == 422
         assert c.post("/v1/jobs", json={**SMALL, "bogus": 1}).status_code == 422
+        too_old = c.post("/v1/context", json={**SMALL, "max_age": -2})
+        assert too_old.status_code == 422 and "max_age" in too_old.json()["message"]
         assert c.get("/v1/jobs/" + "0" * 32).status_code == 404
         assert c.get("/v1/jobs/" + "0" * 32 + "/bundle").json()["error"] == "not_found"
     assert httpx.get(f"{api_stack.url}/healthz").json() == {"status": "ok"}

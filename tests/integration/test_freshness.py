@@ -122,3 +122,9 @@ def test_max_age_picks_cached_live_or_revalidated_and_stale_if_error_is_opt_in(
     (stale,) = [s for s in as_json.sources if s.stale]
     assert stale.url == web.site.url + failing and stale.retrieved == "cached"
     assert stale.stale_reason == "http_status" and as_json.failures == []
+
+    # max_age=-1: stored copies only, nothing downloaded (the failing page's included).
+    before = web.page_hits()
+    cache_only = _research(env, "--max-age", "-1")
+    assert _retrieved(cache_only, web) == dict.fromkeys(paths, "cached")
+    assert web.page_hits() == before

@@ -64,10 +64,12 @@ async def test_mcp_over_streamable_http_lists_tools_and_answers(api_stack: ApiSt
         schema = tools["web_context"].input_schema
         assert schema["required"] == ["question"]
         assert schema["properties"]["max_sources"]["maximum"] == 50
+        assert {"max_age", "stale_if_error"} <= set(schema["properties"])
         assert tools["web_context"].output_schema is not None
         result = await client.call_tool("web_context", ARGS, progress_callback=on_progress)
         bundle = _check_bundle_result(result, api_stack.web)
         assert progress and progress == sorted(progress)
+        assert all(s.retrieved and s.checked_at for s in bundle.sources)
 
         source = await client.call_tool("get_source", {"ref": bundle.sources[0].url})
         assert not source.is_error

@@ -9,6 +9,7 @@ tests/integration/test_freshness.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -58,11 +59,14 @@ def test_max_age_zero_accepts_only_copies_confirmed_since_the_job_began() -> Non
     assert fresh.accepts(990.0, window_s=60, now=1001.0)  # within a 60 s window
 
 
-def test_max_age_is_seconds_from_zero_and_negative_is_refused() -> None:
+def test_max_age_is_seconds_from_zero_minus_one_is_cache_only_and_below_is_refused() -> None:
     assert _request(max_age=0).max_age == 0
     assert _request().max_age is None and not _request().stale_if_error
     with pytest.raises(pydantic.ValidationError):
-        _request(max_age=-1)
+        _request(max_age=-2)
+    only = freshness_for(_request(max_age=-1), created_at=0, cache_ttl_s=60, index_max_age_s=0)
+    assert only.cache_only and only.cache_max_age_s == math.inf and only.index_max_age_s == 0
+    assert only.accepts(0.0, window_s=only.cache_max_age_s, now=10**9)
 
 
 @pytest.fixture
@@ -142,6 +146,21 @@ def test_a_failed_download_serves_the_old_copy_only_with_stale_if_error(
     assert eng.jobs.counters(job_id).get("pages_stale") == 1
 
 
+def test_cache_only_takes_a_copy_of_any_age_and_never_downloads(
+    engine: tuple[Engine, FakeSite],
+) -> None:
+    eng, site = engine
+    job_id, nothing = _get(eng, max_age=-1)
+    assert nothing is None and site.requests == []
+    assert [f.reason for f in eng.jobs.failures(job_id)] == ["not_cached"]
+    _get(eng)
+    month_ago = time.time() - 30 * 86400  # far past the page-cache window
+    eng.jobs._redis.hset(eng.page_cache._key(URL), "fetched_at", str(month_ago))
+    _, old = _get(eng, max_age=-1)
+    assert old.retrieved == "cached" and len(site.requests) == 1  # type: ignore[attr-defined]
+    assert abs(old.checked_at.timestamp() - month_ago) < 0.01  # type: ignore[attr-defined]
+
+
 def test_batch_items_with_max_age_zero_share_a_download_made_after_they_began(
     engine: tuple[Engine, FakeSite],
 ) -> None:
@@ -171,3 +190,27 @@ def test_bundle_sources_say_where_their_text_came_from_and_markdown_shows_it() -
                          pages={page.content_sha256: page}, failures=[],
                          stats=BundleStats())  # fmt: skip
     assert plain.sources[0].retrieved is None and "checked" not in render_markdown(plain)
+
+
+def test_batch_items_carry_their_own_freshness_contract() -> None:
+    from webctx.jobs.batch_items import parse_items
+
+    lines = ['{"id": 1, "question": "a", "max_age": 0, "stale_if_error": true}',
+             '{"id": 2, "question": "b"}']  # fmt: skip
+    first, second = parse_items(lines)
+    assert (first.request.max_age, first.request.stale_if_error) == (0, True)
+    assert (second.request.max_age, second.request.stale_if_error) == (None, False)
+
+
+def test_a_batch_digest_changes_with_max_age_but_not_for_items_without_it() -> None:
+    import hashlib
+    import json
+
+    from webctx.jobs.batch_items import items_sha, parse_items
+
+    (plain,) = parse_items(['{"id": "q", "question": "a"}'])
+    before = [plain.id, plain.request.model_dump(exclude={"max_age", "stale_if_error"})]
+    digest = hashlib.sha256(json.dumps(before, sort_keys=True).encode() + b"\n").hexdigest()
+    assert items_sha([plain]) == digest  # as computed before the fields existed
+    (fresher,) = parse_items(['{"id": "q", "question": "a", "max_age": 0}'])
+    assert items_sha([fresher]) != digest

@@ -148,11 +148,19 @@ def parse_item(
     return BatchItem(id=str(item_id), request=request), None
 
 
+_LATER_FIELDS: dict[str, object] = {"max_age": None, "stale_if_error": False}
+"""Request fields added after batches were first digested, with their defaults."""
+
+
 def items_sha(items: Sequence[BatchItem]) -> str:
     """A digest of the items as they will run: same file and options, same digest."""
     digest = hashlib.sha256()
     for item in items:
-        digest.update(json.dumps([item.id, item.request.model_dump()], sort_keys=True).encode())
+        fields = item.request.model_dump()
+        for name, default in _LATER_FIELDS.items():  # absent when unused: digests made
+            if fields[name] == default:  # before these fields existed stay the same
+                del fields[name]
+        digest.update(json.dumps([item.id, fields], sort_keys=True).encode())
         digest.update(b"\n")
     return digest.hexdigest()
 

@@ -4,13 +4,14 @@ What a job accepts instead of a download is its freshness contract (`max_age`,
 webctx/jobs/freshness.py): an index or page-cache copy confirmed current within it is
 used as is (`index`, `cached`). Past it, a copy with validators is asked for with a
 conditional GET (304: `revalidated`); `max_age=0` downloads without validators (`live`).
-Without a `max_age`, the jobs that read the caches (`reads_caches`: batch items, the
-embedded default's interactive jobs not limited to recent pages) take the page-cache
-window; the others download anew. Jobs that read the caches also reuse the failure of a
-download made within the window, and their downloads of one URL are single-flight: one
-job downloads while the others wanting it wait for its outcome. When a download fails
-and the request allows `stale_if_error`, the newest stored copy stands in, marked stale,
-instead of a failure.
+`max_age=-1` takes a stored copy of any age and never downloads (no copy: the page fails
+`not_cached`). Without a `max_age`, the jobs that read the caches (`reads_caches`: batch
+items, the embedded default's interactive jobs not limited to recent pages) take the
+page-cache window; the others download anew. Jobs that read the caches also reuse the
+failure of a download made within the window, and their downloads of one URL are
+single-flight: one job downloads while the others wanting it wait for its outcome. When a
+download fails and the request allows `stale_if_error`, the newest stored copy stands in,
+marked stale, instead of a failure.
 """
 
 from __future__ import annotations
@@ -147,6 +148,11 @@ def _download(
     job wants every page live (`max_age=0`). A script-rendered shell, or any page of an
     "always render" domain, goes to render."""
     jobs, cache = engine.jobs, engine.page_cache
+    if fresh.cache_only:  # max_age=-1: no stored copy, no page
+        failure = Failure(url=url, stage="fetch", reason="not_cached",
+                          error="no stored copy, and the request allows no download")  # fmt: skip
+        jobs.add_failure(job_id, url_id, failure)
+        return None
     entry = cache.entry(url) if fresh.cache_max_age_s > 0 else None
     prior = jobs.page(entry.sha) if entry is not None and entry.revalidatable else None
     try:

@@ -5,11 +5,13 @@ A request's `max_age` (seconds; None: the page-cache window) is capped by the co
 windows: the shared page cache's (WEBCTX_PAGE_CACHE_TTL_S) and the persistent index's
 (WEBCTX_INDEX__MAX_AGE_S). A copy confirmed current since the job was created is never
 too old, whatever `max_age` says: with `max_age=0` the items of a batch still share one
-download made after they started, and never a copy older than the job.
+download made after they started, and never a copy older than the job. `max_age=-1` is
+the opposite end: stored copies only, of any age the stores still hold, and no download.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -28,6 +30,8 @@ class Freshness:
     """The job's creation (epoch seconds): a copy confirmed since is always current enough."""
     stale_if_error: bool = False
     """A failed download falls back to the newest stored copy, of any age."""
+    cache_only: bool = False
+    """Never download: a page without a stored copy fails (`max_age=-1`)."""
 
     def accepts(self, checked_at: float, *, window_s: float, now: float) -> bool:
         """True if a copy confirmed current at `checked_at` is fresh enough for the job."""
@@ -47,6 +51,14 @@ def freshness_for(
     caches by default (`cache_by_default` False: it downloads anew)."""
     cache_s = max(0.0, cache_ttl_s)
     index_s = max(0.0, index_max_age_s)
+    if request.max_age == -1:  # any age; a store switched off (0) still holds nothing
+        return Freshness(
+            cache_max_age_s=math.inf if cache_s else 0.0,
+            index_max_age_s=math.inf if index_s else 0.0,
+            not_before=created_at,
+            stale_if_error=request.stale_if_error,
+            cache_only=True,
+        )
     if request.max_age is None:
         cache_wanted, index_wanted = (cache_s if cache_by_default else 0.0), index_s
     else:
