@@ -161,6 +161,25 @@ def test_cache_only_takes_a_copy_of_any_age_and_never_downloads(
     assert abs(old.checked_at.timestamp() - month_ago) < 0.01  # type: ignore[attr-defined]
 
 
+def test_a_batch_item_reusing_a_remembered_failure_takes_the_stale_copy_if_allowed(
+    engine: tuple[Engine, FakeSite],
+) -> None:
+    eng, site = engine
+    _get(eng)
+    day_ago = time.time() - 2 * 86400  # past the window: the next item asks the site
+    eng.jobs._redis.hset(eng.page_cache._key(URL), "fetched_at", str(day_ago))
+    site.delete("/a.html")
+    strict_id, strict_url = _job(eng, batch="b1")
+    assert fetch_for_job(eng, strict_id, strict_url, URL) is None  # 404, remembered
+    asked = len(site.requests)
+    lenient_id, lenient_url = _job(eng, batch="b1", stale_if_error=True)
+    assert fetch_for_job(eng, lenient_id, lenient_url, URL) is not None
+    assert len(site.requests) == asked  # the remembered failure: not asked again
+    (how,) = eng.jobs.retrievals(lenient_id).values()
+    assert how.retrieved == "cached" and how.stale and how.stale_reason == "http_status"
+    assert abs(how.checked_at.timestamp() - day_ago) < 0.01
+
+
 def test_batch_items_with_max_age_zero_share_a_download_made_after_they_began(
     engine: tuple[Engine, FakeSite],
 ) -> None:
