@@ -87,8 +87,9 @@ def test_max_age_picks_cached_live_or_revalidated_and_stale_if_error_is_opt_in(
     assert web.page_hits() == dict.fromkeys(paths, 1)
     downloaded = {s.url: s.checked_at for s in first.sources}
     for source in second.sources:  # when the first job downloaded it (to the millisecond)
-        assert source.checked_at and downloaded[source.url]
-        assert abs((source.checked_at - downloaded[source.url]).total_seconds()) < 0.01
+        downloaded_at = downloaded[source.url]
+        assert source.checked_at is not None and downloaded_at is not None
+        assert abs((source.checked_at - downloaded_at).total_seconds()) < 0.01
 
     # max_age=0: every page downloaded for this job, without validators.
     third = _research(env, "--max-age", "0")

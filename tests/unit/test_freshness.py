@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -87,13 +88,14 @@ def engine(tmp_path: Path) -> Iterator[tuple[Engine, FakeSite]]:
     client.close()
 
 
-def _job(engine: Engine, *, batch: str | None = None, **fields: object) -> tuple[str, str]:
+def _job(engine: Engine, *, batch: str | None = None, **fields: Any) -> tuple[str, str]:
     job_id = engine.jobs.create(_request(**fields), tenant="acme", batch=batch)
     (url_id,) = engine.jobs.set_urls(job_id, [URL]).values()
     return job_id, url_id
 
 
-def _get(engine: Engine, **fields: object) -> tuple[str, object]:
+def _get(engine: Engine, **fields: Any) -> tuple[str, Any]:
+    """Run the fetch of a new job: (job id, how it got the page, None if it failed)."""
     job_id, url_id = _job(engine, **fields)
     page = fetch_for_job(engine, job_id, url_id, URL)
     how = next(iter(engine.jobs.retrievals(job_id).values()), None) if page else None
@@ -105,15 +107,15 @@ def test_second_job_reuses_the_cached_page_and_max_age_zero_downloads(
 ) -> None:
     eng, site = engine
     _, first = _get(eng)
-    assert first is not None and first.retrieved == "live"  # type: ignore[attr-defined]
+    assert first is not None and first.retrieved == "live"
     _, second = _get(eng)
-    assert second.retrieved == "cached" and len(site.requests) == 1  # type: ignore[attr-defined]
-    gap = second.checked_at - first.checked_at  # type: ignore[attr-defined]
+    assert second.retrieved == "cached" and len(site.requests) == 1
+    gap = second.checked_at - first.checked_at
     assert abs(gap.total_seconds()) < 0.01  # the download's time (kept to the millisecond)
     job_id, third = _get(eng, max_age=0)
-    assert third.retrieved == "live" and len(site.requests) == 2  # type: ignore[attr-defined]
+    assert third.retrieved == "live" and len(site.requests) == 2
     assert site.requests[-1] == (URL, None)  # no validators: a full download
-    assert third.checked_at.timestamp() >= eng.jobs.created_at(job_id)  # type: ignore[attr-defined]
+    assert third.checked_at.timestamp() >= eng.jobs.created_at(job_id)
 
 
 def test_a_copy_past_max_age_is_revalidated_with_its_etag(
@@ -123,11 +125,11 @@ def test_a_copy_past_max_age_is_revalidated_with_its_etag(
     _get(eng)
     time.sleep(1.1)
     _, how = _get(eng, max_age=1)
-    assert how.retrieved == "revalidated" and site.requests[-1] == (URL, '"v1"')  # type: ignore[attr-defined]
+    assert how.retrieved == "revalidated" and site.requests[-1] == (URL, '"v1"')
     site.put("/a.html", article("narwhal", version=2))  # changed: the 304 turns into a 200
     time.sleep(1.1)
     _, changed = _get(eng, max_age=1)
-    assert changed.retrieved == "live"  # type: ignore[attr-defined]
+    assert changed.retrieved == "live"
 
 
 def test_a_failed_download_serves_the_old_copy_only_with_stale_if_error(
@@ -140,8 +142,8 @@ def test_a_failed_download_serves_the_old_copy_only_with_stale_if_error(
     assert how is None
     assert [f.reason for f in eng.jobs.failures(job_id)] == ["http_status"]
     job_id, stale = _get(eng, max_age=0, stale_if_error=True)
-    assert stale.retrieved == "cached" and stale.stale  # type: ignore[attr-defined]
-    assert stale.stale_reason == "http_status"  # type: ignore[attr-defined]
+    assert stale.retrieved == "cached" and stale.stale
+    assert stale.stale_reason == "http_status"
     assert eng.jobs.failures(job_id) == []
     assert eng.jobs.counters(job_id).get("pages_stale") == 1
 
@@ -157,8 +159,8 @@ def test_cache_only_takes_a_copy_of_any_age_and_never_downloads(
     month_ago = time.time() - 30 * 86400  # far past the page-cache window
     eng.jobs._redis.hset(eng.page_cache._key(URL), "fetched_at", str(month_ago))
     _, old = _get(eng, max_age=-1)
-    assert old.retrieved == "cached" and len(site.requests) == 1  # type: ignore[attr-defined]
-    assert abs(old.checked_at.timestamp() - month_ago) < 0.01  # type: ignore[attr-defined]
+    assert old.retrieved == "cached" and len(site.requests) == 1
+    assert abs(old.checked_at.timestamp() - month_ago) < 0.01
 
 
 def test_a_batch_item_reusing_a_remembered_failure_takes_the_stale_copy_if_allowed(
