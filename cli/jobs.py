@@ -56,7 +56,8 @@ def research(
         int | None,
         typer.Option(
             help="Seconds: reuse a page copy confirmed current this recently (default: "
-            "WEBCTX_PAGE_CACHE_TTL_S); 0: download every page now; -1: stored copies "
+            "WEBCTX_PAGE_CACHE_TTL_S without a broker, none with one); 0: download every page "
+            "now; -1: stored copies "
             "only, no download."
         ),
     ] = None,

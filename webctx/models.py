@@ -40,9 +40,11 @@ class JobRequest(BaseModel):
         le=MAX_AGE_LIMIT_S,
         description="Seconds: a stored copy of a page confirmed current this recently is "
         "used instead of a download. Default (null): the page-cache window "
-        "(WEBCTX_PAGE_CACHE_TTL_S, 24 h). 0: every page is downloaded for this job, never "
-        "a copy older than the job. -1: stored copies only, of any age; a page without "
-        "one fails `not_cached`, nothing is downloaded. The configured windows cap it.",
+        "(WEBCTX_PAGE_CACHE_TTL_S, 24 h) for batch items and the embedded default's jobs; "
+        "interactive jobs on a broker download anew. 0: every page is downloaded for "
+        "this job, never a copy older than the job. -1: stored copies only, of any "
+        "age; a page without one fails `not_cached`, nothing is downloaded. The "
+        "configured windows cap it.",
     )
     stale_if_error: bool = Field(
         default=False,

@@ -81,8 +81,9 @@ def test_max_age_picks_cached_live_or_revalidated_and_stale_if_error_is_opt_in(
     assert web.page_hits() == dict.fromkeys(paths, 1)
     assert all(s.checked_at is not None and not s.stale for s in first.sources)
 
-    # Default max_age (the page-cache window): no page is downloaded again.
-    second = _research(env)
+    # Broker mode's interactive jobs download anew by default; a max_age within the
+    # page-cache window takes the cached copies: no page is downloaded again.
+    second = _research(env, "--max-age", "3600")
     assert _retrieved(second, web) == dict.fromkeys(paths, "cached")
     assert web.page_hits() == dict.fromkeys(paths, 1)
     downloaded = {s.url: s.checked_at for s in first.sources}
@@ -91,12 +92,15 @@ def test_max_age_picks_cached_live_or_revalidated_and_stale_if_error_is_opt_in(
         assert source.checked_at is not None and downloaded_at is not None
         assert abs((source.checked_at - downloaded_at).total_seconds()) < 0.01
 
-    # max_age=0: every page downloaded for this job, without validators.
+    # max_age=0, and broker mode's default: every page downloaded, without validators.
     third = _research(env, "--max-age", "0")
     assert _retrieved(third, web) == dict.fromkeys(paths, "live")
     assert web.page_hits() == dict.fromkeys(paths, 2)
     assert sum(web.not_modified.values()) == 0
     assert all(s.checked_at and s.checked_at > second.created_at for s in third.sources)
+    default = _research(env)
+    assert _retrieved(default, web) == dict.fromkeys(paths, "live")
+    assert web.page_hits() == dict.fromkeys(paths, 3)
 
     # Past a 1 s max_age: conditional GETs; the changed page comes back whole.
     changed = paths[0]
@@ -106,7 +110,7 @@ def test_max_age_picks_cached_live_or_revalidated_and_stale_if_error_is_opt_in(
     fourth = _research(env, "--max-age", "1")
     assert _retrieved(fourth, web) == {p: "live" if p == changed else "revalidated" for p in paths}
     assert web.not_modified == collections.Counter({p: 1 for p in paths if p != changed})
-    assert web.page_hits() == dict.fromkeys(paths, 3)
+    assert web.page_hits() == dict.fromkeys(paths, 4)
 
     # A page failing live: a failure, unless stale_if_error lets the old copy stand in.
     failing = paths[1]

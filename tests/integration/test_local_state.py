@@ -60,6 +60,14 @@ def test_a_second_research_run_downloads_and_embeds_nothing_and_writes_nothing_i
     bundle = Bundle.model_validate_json(second.stdout)
     assert bundle.stats.tokens_embedded == 0 and bundle.stats.embed_requests == 0
     assert bundle.chunks == Bundle.model_validate_json(first.stdout).chunks
+    # The default max_age: each source says it came from the cache, checked by the first run.
+    earlier = {s.url: s for s in Bundle.model_validate_json(first.stdout).sources}
+    assert {s.retrieved for s in earlier.values()} == {"live"}
+    assert bundle.sources and {s.retrieved for s in bundle.sources} == {"cached"}
+    for source in bundle.sources:
+        checked, downloaded = source.checked_at, earlier[source.url].checked_at
+        assert checked is not None and downloaded is not None
+        assert abs((checked - downloaded).total_seconds()) < 0.01
     assert list(cwd.iterdir()) == []
     assert (data_dir / "qdrant").is_dir()
     assert (data_dir / "valkey" / "appendonlydir").is_dir()

@@ -51,6 +51,15 @@ def test_default_max_age_is_the_page_cache_window_and_windows_cap_it() -> None:
     assert (off.cache_max_age_s, off.index_max_age_s) == (0, 0)
 
 
+def test_without_max_age_a_job_that_does_not_read_the_caches_downloads_anew() -> None:
+    broker = freshness_for(_request(), created_at=0, cache_ttl_s=86400, index_max_age_s=3600,
+                           cache_by_default=False)  # fmt: skip
+    assert (broker.cache_max_age_s, broker.index_max_age_s) == (0, 3600)
+    asked = freshness_for(_request(max_age=600), created_at=0, cache_ttl_s=86400,
+                          index_max_age_s=3600, cache_by_default=False)  # fmt: skip
+    assert (asked.cache_max_age_s, asked.index_max_age_s) == (600, 600)
+
+
 def test_max_age_zero_accepts_only_copies_confirmed_since_the_job_began() -> None:
     fresh = freshness_for(_request(max_age=0), created_at=1000.0, cache_ttl_s=86400,
                           index_max_age_s=86400)  # fmt: skip
@@ -116,6 +125,19 @@ def test_second_job_reuses_the_cached_page_and_max_age_zero_downloads(
     assert third.retrieved == "live" and len(site.requests) == 2
     assert site.requests[-1] == (URL, None)  # no validators: a full download
     assert third.checked_at.timestamp() >= eng.jobs.created_at(job_id)
+
+
+def test_broker_mode_interactive_jobs_take_the_cache_only_when_they_name_a_max_age(
+    engine: tuple[Engine, FakeSite],
+) -> None:
+    embedded, site = engine
+    broker = embedded.settings.model_copy(update={"broker_url": redis_url()})
+    eng = dataclasses.replace(embedded, settings=broker)
+    _, first = _get(eng)
+    _, again = _get(eng)
+    assert (first.retrieved, again.retrieved) == ("live", "live") and len(site.requests) == 2
+    _, asked = _get(eng, max_age=3600)
+    assert asked.retrieved == "cached" and len(site.requests) == 2
 
 
 def test_a_copy_past_max_age_is_revalidated_with_its_etag(
