@@ -102,6 +102,7 @@ def test_a_shell_goes_to_render_and_its_fetch_completes_only_when_the_render_end
     assert page is not None and "Lithium plating" in page.text
     assert started.stages() == ["render", "embed"]
     assert engine.jobs.counters(job_id).get("pages_rendered") == 1
+    assert [r.retrieved for r in engine.jobs.retrievals(job_id).values()] == ["live"]
 
     pages.render_one(engine, job_id, url_id)  # redelivered: no second render
     assert renderer.rendered == [URL]

@@ -18,6 +18,7 @@ import redis
 from webctx.errors import FetchError, NeedsRender
 from webctx.jobs.caches import RememberedFailure
 from webctx.jobs.engine import Engine
+from webctx.jobs.freshness import retrieval
 from webctx.jobs.steps import record_failure
 from webctx.models import Page
 from webctx.stages.fetch import extract_page
@@ -74,6 +75,6 @@ def render_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page |
         record_failure(engine, job_id, url_id, url, "render", exc)
         return None
     jobs.add_counts(job_id, pages_rendered=1)
-    jobs.save_page(job_id, url_id, page)
+    jobs.save_page(job_id, url_id, page, retrieval("live", page.fetched_at))
     engine.page_cache.remember(url, page)
     return page
