@@ -9,6 +9,8 @@ values, F1 of those two means.
 - webctx: `webctx.stages.fetch.extract_page` on a `Download` built from the page bytes
   (what the pipeline runs after the HTTP fetch: decoding, trafilatura, interstitial and
   empty-page checks). A page it refuses counts as an empty prediction.
+- webctx, hidden-text pass off: the same without `webctx.stages.visibility` (hidden
+  elements removed before extraction, invisible word splitters after), as before it.
 - trafilatura: `trafilatura.extract(html)` with default settings (the str, already decoded).
 
 Timed on one core (the process is pinned to one CPU) in process CPU time, systems
@@ -29,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +40,11 @@ sys.path.insert(0, str(ROOT))
 import trafilatura  # noqa: E402
 
 from bench._report import write_section  # noqa: E402
+from webctx.adapters.hash_embedder import HashEmbedder  # noqa: E402
 from webctx.errors import WebctxError  # noqa: E402
-from webctx.models import Download  # noqa: E402
+from webctx.models import Download, Page  # noqa: E402
+from webctx.stages import fetch as fetch_stage  # noqa: E402
+from webctx.stages.chunk import chunk_page  # noqa: E402
 from webctx.stages.fetch import extract_page  # noqa: E402
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -172,6 +178,31 @@ def webctx_extract(sample: Sample) -> str:
         return ""
 
 
+def webctx_without_visibility(sample: Sample) -> str:
+    """`extract_page` with the hidden-text pass off (what webctx kept before it)."""
+    saved = fetch_stage.remove_hidden, fetch_stage.strip_invisible
+    fetch_stage.remove_hidden, fetch_stage.strip_invisible = lambda _tree: 0, lambda text: text
+    try:
+        return webctx_extract(sample)
+    finally:
+        fetch_stage.remove_hidden, fetch_stage.strip_invisible = saved
+
+
+def _page_path(extract: Extractor) -> Extractor:
+    """`extract`, then what the embed task does with the page: chunk it, embed the chunks."""
+    embedder = HashEmbedder()
+
+    def run(sample: Sample) -> str:
+        text = extract(sample)
+        if text:
+            page = Page(url="https://example.org/", final_url="https://example.org/",
+                        fetched_at=datetime.now(UTC), content_sha256="0", text=text)  # fmt: skip
+            embedder.embed([c.text for c in chunk_page(page, max_tokens=64, overlap_tokens=0)])
+        return text
+
+    return run
+
+
 def trafilatura_default(sample: Sample) -> str:
     """Bare `trafilatura.extract(html)`, default settings."""
     return trafilatura.extract(sample.html) or ""
@@ -251,6 +282,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variants", action="store_true", help="also score settings variants")
+    parser.add_argument(
+        "--page-path", action="store_true", help="also time extract + chunk + embed per page"
+    )
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     check_metric()
@@ -263,6 +297,7 @@ def main() -> None:
     samples = load_samples(root)
     systems: dict[str, Extractor] = {
         "webctx `extract_page`": webctx_extract,
+        "webctx `extract_page`, hidden-text pass off": webctx_without_visibility,
         "trafilatura `extract(html)`": trafilatura_default,
     }
     results = measure(systems, samples, args.repeat)
@@ -281,6 +316,16 @@ def main() -> None:
         text += (
             "\n\nSettings variants of the extraction call (trafilatura only, no webctx checks):"
             "\n\n" + _table(variants, "trafilatura `extract(html)`")
+        )
+    if args.page_path:
+        path = measure({"page path (extract, chunk, hash-embed)": _page_path(webctx_extract),
+                        "page path, hidden-text pass off": _page_path(webctx_without_visibility)},
+                       samples, args.repeat)  # fmt: skip
+        ref = "page path, hidden-text pass off"
+        text += (
+            "\n\nA fetched page's CPU path in the pipeline: extraction, then chunking (64 "
+            "tokens) and embedding with the local hash embedder (the provider's time left out):"
+            "\n\n" + _table(path, ref).replace("speed vs trafilatura", "speed vs pass off")
         )
     print(text)  # noqa: T201
     if args.write:

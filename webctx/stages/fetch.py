@@ -29,6 +29,7 @@ from webctx.protocols import Fetcher
 from webctx.stages.format_chars import protect
 from webctx.stages.language import declared_language, detect_language
 from webctx.stages.shell import script_shell
+from webctx.stages.visibility import remove_hidden, strip_invisible
 
 T = TypeVar("T")
 
@@ -80,7 +81,7 @@ def extract_page(download: Download, *, timeout_s: float = 15.0, rendered: bool 
     source = decode_body(download)
     host = urlsplit(download.final_url).hostname or ""
     if media == "text/plain":
-        text, meta = source.strip(), _Meta()
+        text, meta = strip_invisible(source.strip()), _Meta()
     else:
         text, meta = _call_with_timeout(
             lambda: _extract_html(source, download.final_url), timeout_s, download.url
@@ -175,6 +176,8 @@ def _extract_html(html: str, url: str) -> tuple[str, _Meta]:
     try:
         tree = load_html(html)  # parsed once: metadata reads it first, extraction then cleans it
         meta = _metadata(tree, html, url)
+        if tree is not None:
+            remove_hidden(tree)  # text a reader does not see is not the page's (visibility.py)
         doc = trafilatura.bare_extraction(
             tree if tree is not None else html,
             url=url,
@@ -187,12 +190,18 @@ def _extract_html(html: str, url: str) -> tuple[str, _Meta]:
         )
     except Exception as exc:  # lxml and trafilatura raise assorted errors on odd markup
         raise ExtractionError(url, f"extractor failed: {type(exc).__name__}: {exc}") from exc
-    meta = _Meta(title=kept.restore(meta.title), site=kept.restore(meta.site),
-                 author=kept.restore(meta.author) if meta.author else None,
+    meta = _Meta(title=_clean(kept.restore(meta.title)), site=_clean(kept.restore(meta.site)),
+                 author=_clean(kept.restore(meta.author)) if meta.author else None,
                  published=meta.published, language=meta.language)  # fmt: skip
     if doc is None or isinstance(doc, dict):
         return "", meta
-    return kept.restore((doc.text or "").strip()), meta
+    # Invisible word splitters go before hashing and chunking: offsets index this text.
+    return strip_invisible(kept.restore((doc.text or "").strip())), meta
+
+
+def _clean(value: str) -> str:
+    """A metadata field without invisible characters, on one line."""
+    return " ".join(strip_invisible(value).split())
 
 
 def _metadata(tree: HtmlElement | None, html: str, url: str) -> _Meta:

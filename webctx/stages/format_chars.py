@@ -7,7 +7,10 @@ chunk around it is no longer a substring of the page (bench/answer_recall.py fou
 33,408 chunks so). Before extraction each of these characters, written literally or as an
 entity, is swapped for a printable stand-in that trafilatura keeps (an alchemical symbol:
 no decomposition, no case, not a letter or digit), and swapped back in what comes out.
-A page that already contains a stand-in is left as it was.
+A page that already contains a stand-in is left as it was. Those that hide or split words
+(zero-width space, word joiner, soft hyphen, BOM; joiners and marks between ASCII letters)
+are then dropped from the text by `webctx.stages.visibility.strip_invisible`, before it is
+hashed and chunked: the stored text never holds them, so offsets stay exact.
 
 Kept: soft hyphen, Arabic letter mark, Mongolian vowel separator, zero-width space, joiners
 and direction marks, word joiner, BOM. Not kept: the bidi embeddings and isolates
