@@ -188,6 +188,8 @@ class BundleSource(BaseModel):
     """The download failed and this older copy was used (the request's `stale_if_error`)."""
     stale_reason: str | None = None
     """Why the download failed, when `stale`."""
+    flags: list[str] = Field(default_factory=list)
+    """`["instructions"]` when the title, site or author addresses the model reading it."""
 
 
 class BundleChunk(BaseModel):
@@ -199,6 +201,8 @@ class BundleChunk(BaseModel):
     end: int
     tokens: int
     score: float
+    flags: list[str] = Field(default_factory=list)
+    """`["instructions"]` when the passage addresses the model reading it (kept, not obeyed)."""
 
 
 class BundleStats(BaseModel):
@@ -216,6 +220,8 @@ class BundleStats(BaseModel):
     index_reused: int = 0
     """Sources taken from the persistent index (fresh) instead of fetched."""
     bundle_tokens: int = 0
+    flagged_chunks: int = 0
+    """Chunks of the bundle flagged `instructions` (page text that addresses the model)."""
     elapsed_s: float = 0.0
     stage_s: dict[str, float] = Field(default_factory=dict)
 

@@ -8,10 +8,11 @@ listing the tenant's pages. Both halves rank by point id alone; only the fused t
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from webctx.index.refresh import IndexContext
 from webctx.stages.embed import embed_texts
+from webctx.stages.instructions import text_flags
 from webctx.stages.rank import ranks_in_order, rrf
 
 RRF_K = 60
@@ -35,6 +36,8 @@ class IndexHit(BaseModel):
     score: float
     dense_rank: int | None = None
     sparse_rank: int | None = None
+    flags: list[str] = Field(default_factory=list)
+    """`["instructions"]` when the passage or its title addresses the model reading it."""
 
 
 def search_index(
@@ -79,6 +82,6 @@ def search_index(
             published=record.published, source_id=record.source_id,
             content_sha256=chunk.content_sha256, start=chunk.start, end=chunk.end,
             text=chunk.text, score=round(score, 6), dense_rank=ranks[0].get(pid),
-            sparse_rank=ranks[1].get(pid),
+            sparse_rank=ranks[1].get(pid), flags=text_flags(chunk.text, record.title),
         ))  # fmt: skip
     return out

@@ -15,6 +15,7 @@ from webctx.models import (
     Retrieval,
     ScoredChunk,
 )
+from webctx.stages.instructions import fence_untrusted, flag_note, new_nonce, text_flags
 
 _MAX_FAILURES_SHOWN = 10
 
@@ -51,6 +52,7 @@ def build_bundle(
         sources[page.content_sha256] = source
         chunks.append(_bundle_chunk(source.id, scored))
     bundle_tokens = sum(c.tokens for c in chunks)
+    flagged = sum(1 for c in chunks if c.flags)
     return Bundle(
         job_id=job_id,
         question=question,
@@ -58,7 +60,7 @@ def build_bundle(
         sources=list(sources.values()),
         chunks=chunks,
         failures=failures,
-        stats=stats.model_copy(update={"bundle_tokens": bundle_tokens}),
+        stats=stats.model_copy(update={"bundle_tokens": bundle_tokens, "flagged_chunks": flagged}),
     )
 
 
@@ -78,6 +80,7 @@ def _source(number: int, page: Page, how: Retrieval | None) -> BundleSource:
         checked_at=how.checked_at if how else None,
         stale=how.stale if how else False,
         stale_reason=how.stale_reason if how else None,
+        flags=text_flags(page.title, page.site, page.author),
     )
 
 
@@ -90,18 +93,27 @@ def _bundle_chunk(source: int, scored: ScoredChunk) -> BundleChunk:
         end=chunk.end,
         tokens=chunk.tokens,
         score=scored.score,
+        flags=text_flags(chunk.text),
     )
 
 
-def render_markdown(bundle: Bundle) -> str:
-    """The bundle as Markdown: quoted chunks with [n] markers, then sources and failures."""
-    lines = [f"# {_one_line(bundle.question)}", ""]
+def render_markdown(bundle: Bundle, *, nonce: str | None = None) -> str:
+    """The bundle as Markdown: quoted chunks with [n] markers, then sources and failures.
+
+    Passages and sources (page text, titles included) sit in one block fenced by a fresh
+    `nonce` (`instructions.fence_untrusted`); flagged passages and titles say so.
+    """
+    lines: list[str] = []
     for chunk in bundle.chunks:
-        lines.append(f"**[{chunk.source}]** · score {chunk.score:.3f}")
+        lines.append(f"**[{chunk.source}]** · score {chunk.score:.3f}{flag_note(chunk.flags)}")
         lines.extend(f"> {line}".rstrip() for line in chunk.text.splitlines())
         lines.append("")
     lines += ["## Sources", ""]
     lines.extend(_source_line(source) for source in bundle.sources)
+    quoted = fence_untrusted("\n".join(lines), nonce=nonce or new_nonce())
+    lines = [f"# {_one_line(bundle.question)}", "", quoted.rstrip()]
+    if bundle.stats.flagged_chunks:
+        lines.append(f"\n{bundle.stats.flagged_chunks} passage(s) flagged `instructions`.")
     if bundle.failures:
         lines += ["", f"## Not included ({len(bundle.failures)})", ""]
         lines.extend(
@@ -121,7 +133,8 @@ def _source_line(source: BundleSource) -> str:
     )
     about = [_one_line(source.author) if source.author else "", source.language or "", when,
              _freshness_note(source)]  # fmt: skip
-    return f"- [{source.id}] {title} — {source.url} ({'; '.join(a for a in about if a)})"
+    line = f"- [{source.id}] {title} — {source.url} ({'; '.join(a for a in about if a)})"
+    return line + flag_note(source.flags)
 
 
 def _freshness_note(source: BundleSource) -> str:
