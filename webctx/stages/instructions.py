@@ -4,8 +4,8 @@ Such text is kept (a quote must match the page, and an article about prompt inje
 quotes it too) but flagged, so a reader of the bundle knows a passage talks to it. The
 patterns ask for the model or its instructions as the object of the sentence, not just
 the words: "you are now ready to install" or "reply with a comment" are ordinary prose.
-Measured on the 10.8k ground-truth paragraphs of the extraction benchmark: no paragraph
-flagged (docs/security.md).
+Measured (docs/security.md): none of the extraction benchmark's 4,363 ground-truth
+paragraphs, 31,251 lines of whole-page text, nor the QA corpus's 6,443 paragraphs is flagged.
 """
 
 from __future__ import annotations
@@ -18,10 +18,14 @@ from collections.abc import Sequence
 INSTRUCTIONS = "instructions"
 """The flag a chunk or a source title gets when its text addresses the model."""
 
-_AI = (
-    r"(?:ai|a\.i\.|llm|language model|chat ?bot|(?:ai |virtual )?assistant|agent|model|gpt"
-    r"|claude|gemini)"
+# Names only a machine answers to; `_AI` adds words that also name people ("agent",
+# "assistant") for patterns whose context says who is meant. A bare "model" is left out:
+# "as a model of good writing, this book will…" (a Wikipedia paragraph) is prose.
+_AI_NAME = (
+    r"(?:ai|a\.i\.|llm|(?:large )?language model|chat ?bot|chatgpt|gpt|claude|gemini"
+    r"|virtual assistant)(?:\s+(?:assistant|model|agent|system|crawler|bot)s?)?"
 )
+_AI = rf"(?:{_AI_NAME}|assistant|agent)"
 _RULES = (
     r"(?:instructions?|prompts?|directions|directives|guidelines|rules|orders|commands"
     r"|context|messages)"
@@ -34,7 +38,7 @@ _PATTERNS = (
     r"\b(?:ignore|disregard|forget)\s+(?:everything|all|anything)\s+(?:above|before|prior|"
     r"previously|you (?:were|have been) (?:told|given))\b",
     # you are now …, from now on you …
-    rf"\byou are now (?:an? |the |in |my )?(?:\w+ )?(?:{_AI}|dan|jailbroken|unrestricted|mode)\b",
+    rf"\byou are now (?:an? |the |in |my )?(?:\w+ )?(?:{_AI_NAME}|dan|jailbroken|unrestricted)\b",
     r"\bfrom now on,? you (?:are|will|must|shall|should)\b",
     r"\bact as (?:an? )?(?:unrestricted|unfiltered|jailbroken|evil)\b",
     # reply / respond / answer with … (quoted or "only")
@@ -42,7 +46,8 @@ _PATTERNS = (
     r"(?:\s+only|\s+exactly|\s+just)?\s*[:\"'`\u201c\u2018]",
     r"\b(?:reply|respond|answer)\s+(?:only|exclusively|solely)\s+(?:with|in|by)\b",
     # speaking to the model by name
-    rf"\b(?:if you are|you are|as) an? {_AI}\b[^.!?\n]{{0,60}}\b(?:must|should|will|need to"
+    rf"\b(?:(?:if you are|you are) an? {_AI}|as an? {_AI_NAME})\b[^.!?\n]{{0,60}}"
+    r"\b(?:must|should|will|need to"
     r"|have to|do not|don't|never|always|ignore|reply|respond|say|tell|include|recommend)\b",
     r"\b(?:attention|note|message|instructions?|important)\s+(?:to|for)\s+"
     rf"(?:the\s+|any\s+|all\s+)?{_AI}s?\b",
@@ -52,7 +57,8 @@ _PATTERNS = (
     r"\b(?:new|updated|real|true|actual|secret|hidden)\s+(?:system\s+)?instructions?\s*[:\-]",
     r"\byour\s+(?:new|real|true|actual|only)\s+(?:task|goal|objective|instructions?|purpose|job)\s+"
     r"(?:is|are|will be)\b",
-    r"\b(?:reveal|print|repeat|show|output|leak)\s+(?:your|the)\s+(?:system\s+)?(?:prompt|instructions)\b",
+    r"\b(?:reveal|print|repeat|show|output|leak)\s+(?:your\s+(?:system\s+)?(?:prompt|instructions)"
+    r"|the\s+system\s+prompt)\b",
     r"\bdo not (?:tell|inform|alert|mention (?:this|it) to|reveal (?:this|it) to) the user\b",
     r"\bwithout (?:telling|informing|alerting) the user\b",
     # chat-template tokens
