@@ -75,3 +75,12 @@ def test_strip_invisible_joins_split_words_and_drops_tag_characters() -> None:
 
 def test_hides_needs_declarations() -> None:
     assert not hides({}) and hides({"display": "none"})
+
+
+def test_a_background_not_understood_stops_the_walk_to_an_ancestors() -> None:
+    body = (
+        '<div style="background:#fff"><div style="background:rgba(0,0,0,.9)">'
+        '<p style="color:#fff">shown</p></div><div style="background:none">'
+        '<p style="color:white">SECRET</p></div></div>'
+    )
+    assert _visible_text(body) == "shown"

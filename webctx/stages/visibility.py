@@ -50,6 +50,7 @@ _ALWAYS = "\u00ad\u180e\u200b\u2060\ufeff\u202a\u202b\u202c\u202d\u202e\u2066\u2
 _BETWEEN_LETTERS = re.compile(r"(?<=[A-Za-z0-9])[\u200c\u200d\u200e\u200f\u061c]+(?=[A-Za-z0-9])")
 _ALWAYS_RE = re.compile(f"[{_ALWAYS}\U000e0000-\U000e007f]+")
 _OFF_SCREEN_PX = 999.0
+_SEE_THROUGH = ("none", "transparent", "inherit", "initial", "unset")
 _Rule = tuple[str | None, frozenset[str], str | None]
 """A simple selector: tag (or None), classes, id (or None)."""
 _CANDIDATES = etree.XPath("//*[@style or @hidden or @aria-hidden]")
@@ -197,8 +198,12 @@ def _hex(colour: str) -> str | None:
 
 
 def _background(decls: dict[str, str]) -> str | None:
+    """The solid background colour declared, "?" for one not understood (an image, a
+    gradient, a translucent colour: it stops the walk up), None for none."""
     value = decls.get("background-color") or decls.get("background")
-    return _hex(value.split()[0]) if value else None
+    if not value or value.split()[0] in _SEE_THROUGH:
+        return None
+    return _hex(value.split()[0]) or "?"
 
 
 def _same_as_background(colour: str, decls: dict[str, str], el: HtmlElement | None) -> bool:
