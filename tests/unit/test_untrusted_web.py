@@ -55,7 +55,7 @@ def test_no_hidden_payload_reaches_the_bundle_and_every_fact_does(
         assert not any(c in text for c in "\u200b\u00ad\u2060\ufeff")
     for _path, (_, fact) in PAGES.items():
         assert f"FACT{fact}." in markdown
-    assert len(HIDDEN) == 17 and validate_offsets(bundle, {
+    assert len(HIDDEN) == 18 and validate_offsets(bundle, {
         p.content_sha256: p for p in fetched.values()}) == []  # fmt: skip
 
 

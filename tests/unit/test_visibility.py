@@ -52,6 +52,15 @@ def test_the_pages_stylesheet_hides_simple_selectors_but_not_media_blocks() -> N
     assert _visible_text(body, head) == "WBT"
 
 
+def test_stylesheet_declarations_match_in_any_case_and_print_sheets_are_skipped() -> None:
+    head = (
+        "<style>.A { DISPLAY : NONE } #b{opacity: 0}</style>"
+        '<style media="print">.c{display:none}</style>'
+    )
+    body = '<p class="A">S1</p><p id="b">S2</p><p class="c">C</p><p class="a">a</p>'
+    assert _visible_text(body, head) == "Ca"
+
+
 def test_attributes_and_inert_elements_hide_but_tails_stay() -> None:
     body = (
         '<p>a<span hidden>S1</span>b<span aria-hidden="true">S2</span>c<template>S3</template>'

@@ -228,8 +228,8 @@ def _stylesheet_rules(tree: HtmlElement) -> list[_Rule]:
     rules: list[_Rule] = []
     for style in tree.iter("style"):
         css = style.text or ""
-        if "none" not in css and "hidden" not in css.lower() and ":0" not in css:
-            continue
+        if style.get("media", "all").strip().lower() not in ("all", "screen", ""):
+            continue  # print-only or conditional: not what a reader of the screen sees
         for selectors, body in _top_level_rules(_COMMENT.sub("", css) if "/*" in css else css):
             if hides(_declarations(body)):
                 rules.extend(_parse_selectors(selectors))
