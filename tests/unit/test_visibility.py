@@ -93,3 +93,13 @@ def test_a_background_not_understood_stops_the_walk_to_an_ancestors() -> None:
         '<p style="color:white">SECRET</p></div></div>'
     )
     assert _visible_text(body) == "shown"
+
+
+def test_a_zero_font_size_container_hides_only_what_does_not_set_its_own_size() -> None:
+    body = (
+        '<ul style="font-size:0">SECRET1<li style="font-size:16px">one</li>SECRET2'
+        '<li>SECRET3</li><li><span style="font-size:1rem">two</span>SECRET4</li></ul>'
+        '<p style="font-size:0;opacity:0">SECRET5<b style="font-size:12px">SECRET6</b></p>'
+        '<p style="font-size:0">SECRET7<b style="font-size:1em">SECRET8</b></p>'
+    )
+    assert _visible_text(body) == "onetwo"

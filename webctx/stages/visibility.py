@@ -54,6 +54,7 @@ _SEE_THROUGH = ("none", "transparent", "inherit", "initial", "unset")
 _Rule = tuple[str | None, frozenset[str], str | None]
 """A simple selector: tag (or None), classes, id (or None)."""
 _CANDIDATES = etree.XPath("//*[@style or @hidden or @aria-hidden]")
+_STYLED_DESCENDANTS = etree.XPath(".//*[@style]")
 _CANDIDATES_CSS = etree.XPath("//*[@style or @hidden or @aria-hidden or @class or @id]")
 
 
@@ -73,8 +74,11 @@ def remove_hidden(tree: HtmlElement) -> int:
             attrib.get("aria-hidden", "").strip().lower() == "true"
         ):
             doomed.append(el)
-        elif "style" in attrib and hides(_declarations(attrib["style"]), el):
-            doomed.append(el)
+        elif "style" in attrib and hides(decls := _declarations(attrib["style"]), el):
+            if _sizes_children(el, decls):
+                _hollow(el)  # `font-size:0` between inline blocks: a layout trick
+            else:
+                doomed.append(el)
         elif hidden_rules and _matches(el, hidden_rules):
             doomed.append(el)
     removed = 0
@@ -85,6 +89,41 @@ def remove_hidden(tree: HtmlElement) -> int:
         el.drop_tree()  # keeps el.tail in the parent
         removed += 1
     return removed
+
+
+def _sizes_children(el: HtmlElement, decls: dict[str, str]) -> bool:
+    """Whether `font-size:0` is all that hides `el` and a descendant sets its own size.
+
+    A zero font size on a container removes the gaps between inline-block children, which
+    set their own size and are seen: only the container's own text is hidden then.
+    """
+    if not _is_zero(decls.get("font-size")):
+        return False
+    if hides({k: v for k, v in decls.items() if k != "font-size"}, el):
+        return False
+    return any(_sized(child) for child in _STYLED_DESCENDANTS(el))
+
+
+def _sized(el: HtmlElement) -> bool:
+    size = _declarations(el.attrib.get("style", "")).get("font-size")
+    if size is None or _is_zero(size) or size in ("inherit", "unset"):
+        return False
+    match = _LENGTH.match(size)  # em, %, ex, ch of a zero size are zero; rem, px are not
+    return match is None or match.group(2) not in ("em", "%", "ex", "ch")
+
+
+def _hollow(el: HtmlElement) -> None:
+    """Drop the text a zero-size container shows itself: its own, and that of children
+    that do not set their own size (children that do are kept, and hollowed in turn)."""
+    el.text = None
+    for child in list(el):
+        child.tail = None
+        if not isinstance(child.tag, str) or _sized(child):
+            continue
+        if any(_sized(d) for d in _STYLED_DESCENDANTS(child)):
+            _hollow(child)
+        else:
+            el.remove(child)
 
 
 def _attached(el: HtmlElement, root: HtmlElement) -> bool:
