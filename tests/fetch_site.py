@@ -15,6 +15,7 @@ import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from webctx.adapters.httpx_fetcher import HttpxFetcher
+from webctx.devweb.pdfgen import make_pdf, paginate
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, gzip_bomb_page, huge_page, make_site_app
 from webctx.errors import FetchError
@@ -59,6 +60,21 @@ cell life considerably, according to several long-term cycling studies.</p>
 
 
 PARAGRAPH = "<p>" + "Solid electrolyte interphase growth consumes lithium. " * 6 + "</p>"
+
+
+REPORT_LINES = [
+    "Lithium plating occurs when lithium ions deposit as metal on the anode.",
+    "Plated lithium thickens the solid electrolyte interphase over many cycles.",
+]
+REPORT_PDF = make_pdf(
+    [REPORT_LINES, ["Charging below ten degrees Celsius limits plating."]],
+    title="Lithium plating",
+    author="Ada Volta",
+    created="D:20240305",
+)
+# Over SETTINGS.max_bytes, under its pdf_max_bytes: uncompressed, 60 pages.
+BIG_PDF = make_pdf(paginate(["Solid electrolyte interphase growth consumes lithium. " * 6] * 600),
+                   compress=False)  # fmt: skip
 
 
 INTERSTITIAL = """<html><head><title>Just a moment...</title></head><body>
@@ -121,6 +137,9 @@ def site_pages(other_url: str) -> dict[str, SitePage]:
         "/huge-chunked": huge_page(1_000_000_000, content_length=False),
         "/bomb": gzip_bomb_page(50_000_000),
         "/pdf": SitePage(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n", content_type="application/pdf"),
+        "/not-a-pdf": SitePage(ARTICLE, content_type="application/pdf"),
+        "/files/report.pdf": SitePage(REPORT_PDF, content_type="application/octet-stream"),
+        "/big.pdf": SitePage(BIG_PDF, content_type="application/pdf"),
         "/png": SitePage(b"\x89PNG\r\n\x1a\n" + bytes(200), content_type="image/png"),
         "/binary-as-html": SitePage(bytes(range(256)) * 8),
         "/bad-utf8": SitePage(bad_utf8 + b"</body></html>"),

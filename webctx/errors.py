@@ -22,6 +22,8 @@ WebctxError
 |   +-- UnsupportedContent       # not HTML / XHTML / plain text
 |   +-- HTTPStatusError(status)
 |   +-- ExtractionError          # no main text could be extracted
+|       +-- UnreadablePdf(reason)  # encrypted, malformed, too_many_pages, no_text_layer,
+|                                  # timeout, too_large (the sandbox's limits)
 |   +-- NeedsRender              # a script-rendered shell and no browser to render it
 +-- ProviderError(provider)      # search / embeddings / vector store refused the request
 
@@ -176,6 +178,17 @@ class NeedsRender(FetchError):
     reason = "needs_render"
     INSTALL_HINT = ("rendering needs Chromium and Playwright: `apt-get install chromium` and "
                     "`pip install 'webctx[render]'` (or set WEBCTX_RENDER__BROWSER)")  # fmt: skip
+
+
+class UnreadablePdf(ExtractionError):
+    """A PDF refused or not read within its sandbox's limits; `reason` says which.
+
+    Not a TransientError, timeouts included: the same file would hit the same limit again.
+    """
+
+    def __init__(self, url: str, message: str, *, reason: str) -> None:
+        super().__init__(url, message)
+        self.reason = reason
 
 
 class ProviderError(WebctxError):

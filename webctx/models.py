@@ -110,6 +110,8 @@ class Page(BaseModel):
     fetched_at: datetime
     content_sha256: str
     text: str
+    page_starts: list[int] | None = None
+    """A PDF's pages: where page i + 1 starts in `text`; None for web pages."""
     etag: str | None = None
     last_modified: str | None = None
 
@@ -123,6 +125,16 @@ class Retrieval(BaseModel):
     """True when the download failed and an older copy was used (`stale_if_error`)."""
     stale_reason: str | None = None
     """Why the download failed, when `stale`."""
+
+
+class PdfText(BaseModel):
+    """What a PDF reader gives back: each page's raw text and the document's metadata."""
+
+    pages: list[str]
+    title: str | None = None
+    author: str | None = None
+    created: str | None = None
+    """The PDF date string of /CreationDate (`D:20240131…`), if any."""
 
 
 class Chunk(BaseModel):
@@ -203,6 +215,8 @@ class BundleChunk(BaseModel):
     score: float
     flags: list[str] = Field(default_factory=list)
     """`["instructions"]` when the passage addresses the model reading it (kept, not obeyed)."""
+    pages: list[int] | None = None
+    """Of a PDF source: the first and last page (1-based) the chunk comes from."""
 
 
 class BundleStats(BaseModel):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from webctx.errors import FetchError
-from webctx.models import Download, ScoredChunk, SearchResult, StoredChunk
+from webctx.models import Download, PdfText, ScoredChunk, SearchResult, StoredChunk
 
 VectorDatatype = Literal["float32", "float16"]
 """How a store keeps dense vectors (WEBCTX_QDRANT_VECTOR_DATATYPE)."""
@@ -46,6 +46,14 @@ class Renderer(Protocol):
 
     def render(self, url: str) -> Download:
         """The rendered DOM of `url` as an HTML Download. Raises FetchError subclasses."""
+        ...
+
+
+class PdfReader(Protocol):
+    """Reads a PDF's page texts and metadata (in a sandbox: the input is hostile)."""
+
+    def read(self, body: bytes, *, url: str) -> PdfText:
+        """The PDF's pages and metadata. Raises UnreadablePdf, its reason saying why."""
         ...
 
 

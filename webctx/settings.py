@@ -34,6 +34,16 @@ class FetchSettings(BaseModel):
     """Minimum gap between request starts to one host (robots.txt Crawl-delay may raise it)."""
     max_backoff_s: float = 300.0
     """Longest pause of a host after it answered 429/503."""
+    pdf_max_bytes: int = 20_000_000
+    """A PDF body may be this large (other bodies: `max_bytes`)."""
+    pdf_max_pages: int = 300
+    """A PDF with more pages is refused (`too_many_pages`) before any page is read."""
+    pdf_cpu_s: float = 15.0
+    """CPU seconds of the child process that reads one PDF (RLIMIT_CPU; `timeout`)."""
+    pdf_memory_mb: int = 256
+    """Address space of that child (RLIMIT_AS), in MiB; past it the PDF is `too_large`."""
+    pdf_timeout_s: float = 20.0
+    """Wall-clock deadline of that child; it is killed past it (`timeout`)."""
 
 
 class RenderSettings(BaseModel):

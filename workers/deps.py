@@ -26,7 +26,14 @@ from webctx.jobs.tenants import TenantStore
 from webctx.models import Page
 from webctx.net.addresses import AddressPolicy
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
-from webctx.protocols import ConditionalFetcher, Embedder, Renderer, SearchProvider, VectorStore
+from webctx.protocols import (
+    ConditionalFetcher,
+    Embedder,
+    PdfReader,
+    Renderer,
+    SearchProvider,
+    VectorStore,
+)
 from webctx.settings import EmbedSettings, Settings
 from webctx.stages.plan import LLMPlanner, plan_queries
 
@@ -196,6 +203,16 @@ def build_renderer(settings: Settings) -> Renderer | None:
                             policy=address_policy(settings))  # fmt: skip
 
 
+def build_pdf_reader(settings: Settings) -> PdfReader:
+    """PDFium in a limited child process per PDF (WEBCTX_FETCH__PDF_*)."""
+    from webctx.adapters.pdf_sandbox import PdfLimits, SandboxedPdfReader
+
+    fetch = settings.fetch
+    return SandboxedPdfReader(PdfLimits(max_pages=fetch.pdf_max_pages, cpu_s=fetch.pdf_cpu_s,
+                                        memory_mb=fetch.pdf_memory_mb,
+                                        timeout_s=fetch.pdf_timeout_s))  # fmt: skip
+
+
 def build_embedder(settings: Settings) -> Embedder:
     """The configured embedder; a clear error when none is configured."""
     provider = settings.embedding_provider
@@ -282,9 +299,7 @@ def build_store(settings: Settings) -> VectorStore:
     return EdgeVectorStore(settings.qdrant_path, datatype=settings.qdrant_vector_datatype)
 
 
-def build_deps(
-    settings: Settings, *, start: Start, observers: Sequence[JobObserver] = ()
-) -> Deps:
+def build_deps(settings: Settings, *, start: Start, observers: Sequence[JobObserver] = ()) -> Deps:
     """Every collaborator for `settings`: the job store tells `observers` of its facts, the
     fan-in sends a stage's tasks through `start` (the worker's app)."""
     state = state_client(settings)
@@ -324,6 +339,7 @@ def build_engine(
         cache=build_embed_cache(settings),
         limiter=build_limiter(settings),
         renderer=build_renderer(settings),
+        pdf=build_pdf_reader(settings),
     )
 
 

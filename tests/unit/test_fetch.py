@@ -106,7 +106,7 @@ def test_fetch_caps_gzip_bomb_at_max_bytes(site: Site, fetcher: HttpxFetcher) ->
     assert peak < 10 * SETTINGS.max_bytes  # the 50 MB inflation never happened
 
 
-@pytest.mark.parametrize("path", ["/pdf", "/png", "/binary-as-html"])
+@pytest.mark.parametrize("path", ["/not-a-pdf", "/png", "/binary-as-html"])
 def test_fetch_refuses_non_html_content(site: Site, fetcher: HttpxFetcher, path: str) -> None:
     with pytest.raises(UnsupportedContent):
         fetcher.fetch(site.url(path))

@@ -73,7 +73,7 @@ def test_revalidation_of_a_changed_page_downloads_it_once(
 
 
 @pytest.mark.parametrize(("path", "error"), [("/huge", ContentTooLarge), ("/bomb", ContentTooLarge),
-                                             ("/pdf", UnsupportedContent),
+                                             ("/not-a-pdf", UnsupportedContent),
                                              ("/binary-as-html", UnsupportedContent)])  # fmt: skip
 def test_revalidation_answered_with_a_body_keeps_every_cap(
     site: Site, fetcher: HttpxFetcher, path: str, error: type[FetchError]

@@ -7,6 +7,7 @@ import codecs
 import re
 import zlib
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from webctx.errors import ContentTooLarge, UnsupportedContent
 from webctx.models import Download
@@ -15,6 +16,9 @@ from webctx.models import Download
 _BINARY_MAGIC = (b"%PDF-", b"\x89PNG", b"GIF87a", b"GIF89a", b"\xff\xd8\xff", b"PK\x03\x04",
                  b"\x1f\x8b", b"OggS", b"\x7fELF", b"wOFF", b"wOF2", b"%!PS")
 # fmt: on
+PDF = "application/pdf"
+# Types a server may give a PDF it does not know (or no type): read as a PDF at a .pdf path.
+_UNTYPED = frozenset({"", "application/octet-stream", "binary/octet-stream", "application/x-pdf"})
 _CHARSET = re.compile(r"charset\s*=\s*[\"']?([\w.:-]+)", re.I)
 _BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\r\f\x1b") + b"\x7f"
@@ -110,17 +114,31 @@ def conditional_headers(etag: str | None, last_modified: str | None) -> dict[str
 
 
 def checked_head(
-    final_url: str, headers: Mapping[str, str], types: frozenset[str], max_bytes: int
-) -> tuple[str, str | None]:
-    """The media type and charset of a 2xx response, if its type and size may be read."""
+    final_url: str,
+    headers: Mapping[str, str],
+    types: frozenset[str],
+    max_bytes: int,
+    *,
+    pdf_max_bytes: int = 0,
+) -> tuple[str, str | None, int]:
+    """The media type, charset and body cap of a 2xx response, if its type and size may
+    be read. A PDF (when `types` has it) may be `pdf_max_bytes` long, so may an untyped or
+    octet-stream body at a .pdf path (the body must then start like a PDF)."""
     media, charset = parse_content_type(headers.get("content-type", ""))
+    limit = max_bytes
+    if PDF in types and (media == PDF or (media in _UNTYPED and _pdf_path(final_url))):
+        media, limit = PDF, max(max_bytes, pdf_max_bytes)
     if media and media not in types:
         raise UnsupportedContent(final_url, f"content type {media!r}")
     declared = declared_length(headers)
-    if declared is not None and declared > max_bytes:
+    if declared is not None and declared > limit:
         # Compressed or not, a body this long on the wire decodes to more than the cap.
-        raise ContentTooLarge(final_url, f"Content-Length {declared} > {max_bytes}")
-    return media, charset
+        raise ContentTooLarge(final_url, f"Content-Length {declared} > {limit}")
+    return media, charset, limit
+
+
+def _pdf_path(url: str) -> bool:
+    return urlsplit(url).path.lower().endswith(".pdf")
 
 
 def not_modified(url: str, final_url: str, headers: Mapping[str, str]) -> Download:
@@ -145,8 +163,12 @@ def body_download(
     charset: str | None,
     body: bytes,
 ) -> Download:
-    """The Download of a 2xx body, decoded and within the cap; binary bodies are refused."""
-    if looks_binary(body[:1024]):
+    """The Download of a 2xx body, decoded and within the cap; binary bodies are refused,
+    but for a PDF (which must start like one)."""
+    if media == PDF:
+        if b"%PDF-" not in body[:1024]:
+            raise UnsupportedContent(final_url, "served as a PDF, but is none")
+    elif looks_binary(body[:1024]):
         raise UnsupportedContent(final_url, f"binary body served as {media or 'untyped'}")
     return Download(
         url=url,

@@ -48,6 +48,7 @@ from webctx.adapters.guarded_transport import (
     translated,
 )
 from webctx.adapters.http_body import (
+    PDF,
     BodyDecoder,
     body_download,
     checked_head,
@@ -71,8 +72,11 @@ from webctx.settings import FetchSettings
 
 logger = logging.getLogger(__name__)
 
-ACCEPTED_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain"})
-_HEADERS = {"Accept": "text/html,application/xhtml+xml;q=0.9,text/plain;q=0.8",
+ACCEPTED_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain", PDF})
+# The lean revalidation path reads web pages only; a PDF answer goes the full path.
+_LEAN_TYPES = ACCEPTED_TYPES - {PDF}
+_HEADERS = {"Accept": "text/html,application/xhtml+xml;q=0.9,text/plain;q=0.8,"
+                      "application/pdf;q=0.7",
             "Accept-Encoding": "gzip, deflate"}  # fmt: skip # only what BodyDecoder inflates
 KEEPALIVE_S = 2.0
 """An idle connection is closed after this; below common servers' own idle timeouts (5 s),
@@ -251,7 +255,7 @@ class HttpxFetcher:
                 async with self._host_slot(url, target.host, deadline):
                     with translated(url):
                         answer = await self._revalidator.ask(
-                            target, conditional, types=ACCEPTED_TYPES,
+                            target, conditional, types=_LEAN_TYPES,
                             max_body=self._settings.max_bytes,
                         )  # fmt: skip
         except TimeoutError as exc:
@@ -266,7 +270,7 @@ class HttpxFetcher:
             return not_modified(url, url, headers)
         if not 200 <= answer.status < 300:
             raise HTTPStatusError(url, f"HTTP {answer.status}", status=answer.status)
-        media, charset = checked_head(url, headers, ACCEPTED_TYPES, self._settings.max_bytes)
+        media, charset, _ = checked_head(url, headers, _LEAN_TYPES, self._settings.max_bytes)
         decoder = BodyDecoder(url, headers.get("content-encoding", ""), self._settings.max_bytes)
         decoder.feed(answer.body)
         return body_download(url, url, answer.status, headers, media, charset, decoder.finish())
@@ -385,10 +389,11 @@ class HttpxFetcher:
             raise HTTPStatusError(
                 final_url, f"HTTP {response.status_code}", status=response.status_code
             )
-        media, charset = checked_head(final_url, response.headers, types, self._settings.max_bytes)
-        decoder = BodyDecoder(
-            final_url, response.headers.get("content-encoding", ""), self._settings.max_bytes
+        s = self._settings
+        media, charset, limit = checked_head(
+            final_url, response.headers, types, s.max_bytes, pdf_max_bytes=s.pdf_max_bytes
         )
+        decoder = BodyDecoder(final_url, response.headers.get("content-encoding", ""), limit)
         async for raw in response.aiter_raw():
             decoder.feed(raw)
         return body_download(url, final_url, response.status_code, response.headers,

@@ -23,6 +23,7 @@ from webctx.protocols import (
     ConditionalFetcher,
     Embedder,
     EmbeddingCache,
+    PdfReader,
     Renderer,
     SearchProvider,
     VectorStore,
@@ -64,6 +65,8 @@ class Engine:
     limiter: RedisRateLimiter | None = None
     renderer: Renderer | None = None
     """The browser of this process (launched on first use); None: none installed."""
+    pdf: PdfReader | None = None
+    """Reads PDFs (in a sandbox); None: PDFs fail `unsupported_content`."""
     _store: VectorStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 import redis
 
-from webctx.errors import BlockedURL, ExtractionError, FetchError, NeedsRender
+from webctx.errors import BlockedURL, ExtractionError, FetchError, NeedsRender, UnreadablePdf
 from webctx.jobs.caches import RememberedFailure
 from webctx.jobs.engine import Engine
 from webctx.jobs.freshness import Freshness, freshness_for, retrieval
@@ -61,7 +61,7 @@ def fetch_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page | 
         cached = _cached_page(engine, job_id, url_id, url, fresh) if wants_copy else None
         return cached or _download(engine, job_id, url_id, url, fresh)
     fetch = engine.settings.fetch
-    hold_s = fetch.total_timeout_s + fetch.extract_timeout_s + 5.0
+    hold_s = fetch.total_timeout_s + max(fetch.extract_timeout_s, fetch.pdf_timeout_s) + 5.0
     for _ in range(CLAIM_ATTEMPTS):
         reused = _cached_outcome(engine, job_id, url_id, url, fresh)
         if reused is not None:
@@ -167,10 +167,16 @@ def _download(
             how = retrieval("revalidated", page.fetched_at)
         else:
             jobs.add_counts(job_id, pages_downloaded=1)
-            page = extract_page(download, timeout_s=engine.settings.fetch.extract_timeout_s)
+            page = extract_page(
+                download, timeout_s=engine.settings.fetch.extract_timeout_s, pdf=engine.pdf
+            )
             how = retrieval("live", page.fetched_at)
-            if always_rendered(engine, url):
+            if always_rendered(engine, url) and page.page_starts is None:  # a PDF is no shell
                 return TO_RENDER
+    except UnreadablePdf as exc:  # a browser would not read the PDF any better
+        record_failure(engine, job_id, url_id, url, "extract", exc)
+        cache.remember_failure(url, RememberedFailure("extract", exc.reason, str(exc)))
+        return None
     except (NeedsRender, ExtractionError) as exc:
         diverted = _to_render(engine, job_id, url_id, url, exc)
         if diverted is not None:

@@ -16,6 +16,7 @@ from webctx.models import (
     ScoredChunk,
 )
 from webctx.stages.instructions import fence_untrusted, flag_note, new_nonce, text_flags
+from webctx.stages.pdf import pages_of
 
 _MAX_FAILURES_SHOWN = 10
 
@@ -50,7 +51,7 @@ def build_bundle(
             len(sources) + 1, page, retrievals.get(page.content_sha256)
         )
         sources[page.content_sha256] = source
-        chunks.append(_bundle_chunk(source.id, scored))
+        chunks.append(_bundle_chunk(source.id, scored, page.page_starts))
     bundle_tokens = sum(c.tokens for c in chunks)
     flagged = sum(1 for c in chunks if c.flags)
     return Bundle(
@@ -84,7 +85,7 @@ def _source(number: int, page: Page, how: Retrieval | None) -> BundleSource:
     )
 
 
-def _bundle_chunk(source: int, scored: ScoredChunk) -> BundleChunk:
+def _bundle_chunk(source: int, scored: ScoredChunk, page_starts: list[int] | None) -> BundleChunk:
     chunk = scored.chunk
     return BundleChunk(
         source=source,
@@ -94,6 +95,7 @@ def _bundle_chunk(source: int, scored: ScoredChunk) -> BundleChunk:
         tokens=chunk.tokens,
         score=scored.score,
         flags=text_flags(chunk.text),
+        pages=pages_of(page_starts, chunk.start, chunk.end) if page_starts else None,
     )
 
 
@@ -105,7 +107,7 @@ def render_markdown(bundle: Bundle, *, nonce: str | None = None) -> str:
     """
     lines: list[str] = []
     for chunk in bundle.chunks:
-        lines.append(f"**[{chunk.source}]** · score {chunk.score:.3f}{flag_note(chunk.flags)}")
+        lines.append(f"**[{_citation(chunk)}]** · score {chunk.score:.3f}{flag_note(chunk.flags)}")
         lines.extend(f"> {line}".rstrip() for line in chunk.text.splitlines())
         lines.append("")
     lines += ["## Sources", ""]
@@ -122,6 +124,14 @@ def render_markdown(bundle: Bundle, *, nonce: str | None = None) -> str:
         if len(bundle.failures) > _MAX_FAILURES_SHOWN:
             lines.append(f"- … and {len(bundle.failures) - _MAX_FAILURES_SHOWN} more")
     return "\n".join(lines) + "\n"
+
+
+def _citation(chunk: BundleChunk) -> str:
+    """`3`, or of a PDF `3, p. 12` / `3, pp. 12–13`."""
+    if not chunk.pages:
+        return str(chunk.source)
+    first, last = chunk.pages[0], chunk.pages[-1]
+    return f"{chunk.source}, p. {first}" if first == last else f"{chunk.source}, pp. {first}–{last}"
 
 
 def _source_line(source: BundleSource) -> str:

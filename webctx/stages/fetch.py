@@ -23,11 +23,12 @@ from lxml.html import HtmlElement
 from trafilatura.metadata import examine_meta, extract_meta_json, extract_title
 from trafilatura.utils import load_html
 
-from webctx.errors import BlockedURL, ExtractionError, NeedsRender
+from webctx.errors import BlockedURL, ExtractionError, NeedsRender, UnsupportedContent
 from webctx.models import Download, Page
-from webctx.protocols import Fetcher
+from webctx.protocols import Fetcher, PdfReader
 from webctx.stages.format_chars import protect
 from webctx.stages.language import declared_language, detect_language
+from webctx.stages.pdf import extract_pdf
 from webctx.stages.shell import script_shell
 from webctx.stages.visibility import remove_hidden, strip_invisible
 
@@ -69,15 +70,28 @@ class _Meta:
     language: str | None = None
 
 
-def fetch_page(url: str, fetcher: Fetcher, *, extract_timeout_s: float = 15.0) -> Page:
+def fetch_page(
+    url: str, fetcher: Fetcher, *, extract_timeout_s: float = 15.0, pdf: PdfReader | None = None
+) -> Page:
     """Fetch `url` with `fetcher` and extract its main text. Raises FetchError subclasses."""
-    return extract_page(fetcher.fetch(url), timeout_s=extract_timeout_s)
+    return extract_page(fetcher.fetch(url), timeout_s=extract_timeout_s, pdf=pdf)
 
 
-def extract_page(download: Download, *, timeout_s: float = 15.0, rendered: bool = False) -> Page:
-    """The main text and metadata of a download; raises ExtractionError, BlockedURL, or
-    NeedsRender for a script-rendered shell (unless the download is already `rendered`)."""
+def extract_page(
+    download: Download,
+    *,
+    timeout_s: float = 15.0,
+    rendered: bool = False,
+    pdf: PdfReader | None = None,
+) -> Page:
+    """The main text and metadata of a download; raises ExtractionError (UnreadablePdf),
+    BlockedURL, NeedsRender for a script-rendered shell (unless the download is already
+    `rendered`), or UnsupportedContent for a PDF when there is no `pdf` reader."""
     media = download.content_type.split(";")[0].strip().lower()
+    if media == "application/pdf":
+        if pdf is None:
+            raise UnsupportedContent(download.url, "content type 'application/pdf'")
+        return extract_pdf(download, pdf)
     source = decode_body(download)
     host = urlsplit(download.final_url).hostname or ""
     if media == "text/plain":
