@@ -12,6 +12,7 @@ import trafilatura
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.demo.web import load_corpus
 from webctx.devweb.embeddings import EmbeddingsControl, embeddings_control, make_embeddings_app
+from webctx.devweb.pdfgen import encrypted_pdf, image_only_pdf, make_pdf, paginate
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, huge_page, make_site_app
@@ -24,6 +25,25 @@ TOPIC = (
 # A question only the hostile pages answer: every source of its job fails.
 TRAP_QUESTION = "zqxv trapdoor"
 
+PDF = "application/pdf"
+PDF_PATH = "/reports/battery-ageing-field-report.pdf"
+PDF_TITLE = "Battery ageing field report"
+PDF_PARAGRAPHS = [
+    text.format(n=n, cells=400 + 25 * n, hot=40 + n, fade=2 + n % 3)
+    for n in range(1, 9)
+    for text in (
+        "Part {n}: how do lithium-ion batteries degrade? This part follows {cells} "
+        "lithium-ion batteries and names the mechanisms by which lithium-ion batteries "
+        "degrade: growth of the solid electrolyte interphase (SEI), lithium plating during "
+        "fast charging, and cracking of cathode particles.",
+        "SEI growth in part {n} consumes cyclable lithium. Lithium-ion batteries degrade "
+        "fastest through SEI growth at a high state of charge and a high temperature; at "
+        "{hot} degrees Celsius the capacity fade of this group was {fade} times that at 25.",
+        "Lithium plating, part {n}: when {cells} lithium-ion batteries are fast charged in "
+        "the cold, lithium metal deposits on the graphite anode instead of entering it. "
+        "Plated lithium is lost capacity, and dendrites can pierce the separator.",
+    )
+]  # several pages, no two paragraphs alike: chunks cite different pages
 # path -> (page, title) of pages that must fail, each with a different outcome.
 HOSTILE: dict[str, tuple[SitePage, str]] = {
     "/trap/slow.html": (
@@ -37,7 +57,21 @@ HOSTILE: dict[str, tuple[SitePage, str]] = {
         SitePage(body=b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n", content_type="application/pdf"),
         "Battery degradation report (PDF)",
     ),
+    "/trap/locked.pdf": (
+        SitePage(body=encrypted_pdf(), content_type=PDF),
+        "Battery degradation report (encrypted PDF)",
+    ),
+    "/trap/scan.pdf": (
+        SitePage(body=image_only_pdf(), content_type=PDF),
+        "Battery degradation report (scanned PDF)",
+    ),
 }
+
+
+def report_pdf() -> bytes:
+    """The field report as a PDF of several pages, with title, author and date."""
+    return make_pdf(paginate(PDF_PARAGRAPHS), title=PDF_TITLE, author="Ada Volta",
+                    created="D:20240315093000Z")  # fmt: skip
 
 
 @dataclass
@@ -89,6 +123,7 @@ def start_test_web(
     pages = {p.path: SitePage(body=p.html) for p in corpus}
     pages.update({path: page for path, (page, _) in HOSTILE.items()})
     pages.update({path: page for path, (page, _, _) in extra.items()})
+    pages[PDF_PATH] = SitePage(body=report_pdf(), content_type=PDF)
     hits: collections.Counter[str] = collections.Counter()
     not_modified: collections.Counter[str] = collections.Counter()
     site = LoopbackServer(make_site_app(pages, hits=hits, not_modified=not_modified)).start()
@@ -104,6 +139,7 @@ def start_test_web(
     docs += [SearchDoc(site.url + path, title, TOPIC) for path, (_, title) in HOSTILE.items()]
     docs += [SearchDoc(site.url + path, title, text) for path, (_, title, text) in extra.items()
              if text]  # fmt: skip
+    docs.append(SearchDoc(site.url + PDF_PATH, PDF_TITLE, " ".join(PDF_PARAGRAPHS[:3])))
     search = LoopbackServer(make_searxng_app(docs)).start()
     embed = HashEmbedder(model=MODEL).vectors
     embeddings = LoopbackServer(

@@ -12,12 +12,16 @@ import httpx
 import redis
 
 from tests.conftest import clean_env, redis_url, run_cli
-from tests.testweb import HOSTILE, TRAP_QUESTION, LoopbackWeb
+from tests.testweb import HOSTILE, PDF_PATH, PDF_TITLE, TRAP_QUESTION, LoopbackWeb
 from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.adapters.pdf_sandbox import PdfLimits, SandboxedPdfReader
 from webctx.models import Bundle, BundleStats, Download
+from webctx.stages.bundle import render_markdown
 from webctx.stages.fetch import extract_page
+from webctx.stages.pdf import pages_of
 
 QUESTION = "how do lithium-ion batteries degrade?"
+PDF_READER = SandboxedPdfReader(PdfLimits())
 
 
 def _assert_grounded(bundle: Bundle, web: LoopbackWeb) -> None:
@@ -38,7 +42,8 @@ def _assert_grounded(bundle: Bundle, web: LoopbackWeb) -> None:
                 status=200,
                 content_type=resp.headers["content-type"],
                 body=resp.content,
-            )
+            ),
+            pdf=PDF_READER,
         )
         assert page.content_sha256 == source.content_sha256
         for chunk in (c for c in bundle.chunks if c.source == source.id):
@@ -56,8 +61,35 @@ def _assert_failures_recorded(bundle: Bundle, web: LoopbackWeb) -> None:
     assert failed["/trap/missing.html"].reason == "http_status"
     assert failed["/trap/huge.html"].reason == "too_large"
     assert failed["/trap/slow.html"].reason == "timeout"
-    assert failed["/trap/report.pdf"].reason == "unsupported_content"
+    assert failed["/trap/report.pdf"].reason == "malformed"
+    assert failed["/trap/locked.pdf"].reason == "encrypted"
+    assert failed["/trap/scan.pdf"].reason == "no_text_layer"
+    assert failed["/trap/scan.pdf"].stage == "extract"
     assert bundle.stats.failed >= len(HOSTILE)
+
+
+def _assert_pdf_cited_with_pages(bundle: Bundle, web: LoopbackWeb) -> None:
+    """The PDF report is a source; its chunks name their pages, which hold their text."""
+    cited = [s for s in bundle.sources if s.url == web.site.url + PDF_PATH]
+    assert len(cited) == 1, ([f for f in bundle.failures if f.url.endswith(".pdf")],
+                             [s.url for s in bundle.sources])  # fmt: skip
+    [source] = cited
+    assert source.title == PDF_TITLE and source.author == "Ada Volta"
+    assert source.published == "2024-03-15"
+    body = httpx.get(source.final_url, timeout=10).content
+    download = Download(url=source.url, final_url=source.final_url, status=200,
+                        content_type="application/pdf", body=body)  # fmt: skip
+    page = extract_page(download, pdf=PDF_READER)
+    assert page.page_starts is not None and len(page.page_starts) >= 3
+    chunks = [c for c in bundle.chunks if c.source == source.id]
+    assert chunks
+    for chunk in chunks:
+        assert page.text[chunk.start : chunk.end] == chunk.text
+        assert chunk.pages == pages_of(page.page_starts, chunk.start, chunk.end)
+        first, last = chunk.pages
+        assert page.page_starts[first - 1] <= chunk.start
+        cited = "p. " + str(first) if first == last else f"pp. {first}–{last}"
+        assert f"**[{source.id}, {cited}]**" in render_markdown(bundle)
 
 
 def _shown_bundle(env: dict[str, str], job_id: str, fmt: str) -> str:
@@ -93,6 +125,7 @@ def test_research_embedded_default_returns_grounded_bundle(
     bundle = Bundle.model_validate_json(done.stdout)
     _assert_grounded(bundle, test_web)
     _assert_failures_recorded(bundle, test_web)
+    _assert_pdf_cited_with_pages(bundle, test_web)
     assert bundle.stats.fetched >= 10
     assert bundle.stats.embed_requests >= 1 and bundle.stats.tokens_embedded > 0
     assert "fetched" in done.stderr  # progress lines on a non-TTY stderr
@@ -127,6 +160,7 @@ def test_research_broker_mode_runs_on_separate_worker_processes(
     bundle = Bundle.model_validate_json(done.stdout)
     _assert_grounded(bundle, test_web)
     _assert_failures_recorded(bundle, test_web)
+    _assert_pdf_cited_with_pages(bundle, test_web)
 
 
 def test_research_no_wait_prints_job_id_then_bundle_is_retrievable(

@@ -10,6 +10,7 @@ import tempfile
 
 import httpx
 
+from webctx.adapters.pdf_sandbox import PdfLimits, SandboxedPdfReader
 from webctx.demo.web import DemoWeb
 from webctx.models import Bundle, Download
 from webctx.stages.bundle import render_markdown
@@ -19,6 +20,7 @@ from webctx.stages.fetch import extract_page
 def verify_bundle(bundle: Bundle) -> list[str]:
     """Problems found: a source not reachable, or a chunk not at its offsets."""
     problems: list[str] = []
+    reader = SandboxedPdfReader(PdfLimits())
     with httpx.Client(timeout=10) as client:
         for source in bundle.sources:
             resp = client.get(source.final_url)
@@ -32,7 +34,8 @@ def verify_bundle(bundle: Bundle) -> list[str]:
                     status=200,
                     content_type=resp.headers.get("content-type", "text/html"),
                     body=resp.content,
-                )
+                ),
+                pdf=reader,
             )
             for chunk in (c for c in bundle.chunks if c.source == source.id):
                 if page.text[chunk.start : chunk.end] != chunk.text:

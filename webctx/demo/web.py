@@ -12,11 +12,14 @@ import trafilatura
 
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.devweb.embeddings import make_embeddings_app
+from webctx.devweb.pdfgen import make_pdf, paginate
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, make_site_app
 
 EMBEDDING_MODEL = "hash-embedding"
+PDF_SOURCE = "calendar-vs-cycle-ageing"
+"""The corpus page also served as a PDF report (the demo cites PDFs with their pages)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,16 @@ def load_corpus() -> list[CorpusPage]:
     ]
 
 
+def _as_pdf(page: CorpusPage) -> tuple[str, str, bytes, str]:
+    """A corpus page as a PDF report: its path, title, PDF bytes and text."""
+    text = trafilatura.extract(page.html, include_comments=False) or ""
+    title = f"{page.title} (report)"
+    body = make_pdf(paginate(text.split("\n"), width=80), title=title, author="webctx demo",
+                    created=f"D:{(page.published or '2024-01-01').replace('-', '')}")  # fmt: skip
+    path = "/reports/" + page.path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".html") + ".pdf"
+    return path, title, body, text
+
+
 @dataclass
 class DemoWeb:
     """The three loopback servers of the demo; use as a context manager."""
@@ -56,6 +69,9 @@ class DemoWeb:
     def start(self) -> DemoWeb:
         """Start the site, then search (indexing the site's URLs), then embeddings."""
         pages = {p.path: SitePage(body=p.html) for p in self.pages}
+        reports = [_as_pdf(p) for p in self.pages if PDF_SOURCE in p.path]
+        pages.update({path: SitePage(body=body, content_type="application/pdf")
+                      for path, _, body, _ in reports})  # fmt: skip
         self.site = LoopbackServer(make_site_app(pages)).start()
         docs = [
             SearchDoc(
@@ -66,6 +82,7 @@ class DemoWeb:
             )
             for p in self.pages
         ]
+        docs += [SearchDoc(self.site.url + path, title, text) for path, title, _, text in reports]
         self.search = LoopbackServer(make_searxng_app(docs)).start()
         embedder = HashEmbedder(model=EMBEDDING_MODEL)
         app = make_embeddings_app(embedder.vectors, model=EMBEDDING_MODEL, rpm=None, tpm=None)
