@@ -12,7 +12,7 @@ import trafilatura
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.demo.web import load_corpus
 from webctx.devweb.embeddings import EmbeddingsControl, embeddings_control, make_embeddings_app
-from webctx.devweb.pdfgen import encrypted_pdf, image_only_pdf, make_pdf, paginate
+from webctx.devweb.pdfgen import bomb_pdf, encrypted_pdf, image_only_pdf, make_pdf, paginate
 from webctx.devweb.searxng import SearchDoc, make_searxng_app
 from webctx.devweb.server import LoopbackServer
 from webctx.devweb.site import SitePage, huge_page, make_site_app
@@ -60,6 +60,11 @@ HOSTILE: dict[str, tuple[SitePage, str]] = {
     "/trap/locked.pdf": (
         SitePage(body=encrypted_pdf(), content_type=PDF),
         "Battery degradation report (encrypted PDF)",
+    ),
+    # 0.6 MB on the wire, 600 MB inflated: the reading process dies, the worker does not.
+    "/trap/bomb.pdf": (
+        SitePage(body=bomb_pdf(600 << 20), content_type=PDF),
+        "Battery degradation report (PDF bomb)",
     ),
     "/trap/scan.pdf": (
         SitePage(body=image_only_pdf(), content_type=PDF),

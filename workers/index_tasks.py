@@ -48,6 +48,7 @@ def index_context(deps: Deps) -> IndexContext:
         cache=engine.cache,
         limiter=engine.limiter,
         extract_timeout_s=settings.fetch.extract_timeout_s,
+        pdf=engine.pdf,
     )
 
 

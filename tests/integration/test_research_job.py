@@ -64,6 +64,7 @@ def _assert_failures_recorded(bundle: Bundle, web: LoopbackWeb) -> None:
     assert failed["/trap/report.pdf"].reason == "malformed"
     assert failed["/trap/locked.pdf"].reason == "encrypted"
     assert failed["/trap/scan.pdf"].reason == "no_text_layer"
+    assert failed["/trap/bomb.pdf"].reason == "too_large"
     assert failed["/trap/scan.pdf"].stage == "extract"
     assert bundle.stats.failed >= len(HOSTILE)
 

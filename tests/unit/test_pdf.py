@@ -127,6 +127,15 @@ def test_pdf_over_the_wall_deadline_is_killed_as_timeout() -> None:
     assert SandboxedPdfReader(PdfLimits()).read(pdfgen.many_pages_pdf(2), url="u").pages
 
 
+def test_pdf_over_its_cpu_seconds_is_killed_as_timeout() -> None:
+    busy = SandboxedPdfReader(PdfLimits(cpu_s=1, timeout_s=60))
+    started = time.monotonic()
+    with pytest.raises(UnreadablePdf, match="CPU seconds") as info:
+        busy.read(pdfgen.busy_pdf(40, 100_000), url="https://example.org/busy.pdf")
+    assert info.value.reason == "timeout"
+    assert time.monotonic() - started < 30
+
+
 def test_pdf_without_a_reader_stays_unsupported() -> None:
     with pytest.raises(UnsupportedContent):
         extract_page(_download(pdfgen.make_pdf([["text"]])))

@@ -168,6 +168,22 @@ def many_pages_pdf(count: int) -> bytes:
     return make_pdf([[f"Page {n} of {count}."] for n in range(1, count + 1)])
 
 
+def busy_pdf(pages: int, ops: int) -> bytes:
+    """`pages` pages sharing one content stream of `ops` text operators: seconds of parser
+    CPU time in a few kB."""
+    content = b"BT /F1 11 Tf " + b"1 0 0 1 72 700 Tm (ab) Tj " * ops + b"ET"
+    kids = b" ".join(b"%d 0 R" % (5 + i) for i in range(pages))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
+        _stream(content, compress=True),
+    ]
+    objects += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources "
+                b"<< /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"] * pages  # fmt: skip
+    return _assemble(objects)
+
+
 def image_only_pdf() -> bytes:
     """A scan: one page painted with an image, no text layer."""
     pixels = bytes((x * 7 + y * 3) % 256 for y in range(64) for x in range(64))

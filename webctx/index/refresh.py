@@ -37,6 +37,7 @@ from webctx.protocols import (
     EmbeddingCache,
     IndexStore,
     Optimizable,
+    PdfReader,
     Revalidation,
 )
 from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
@@ -74,6 +75,8 @@ class IndexContext:
     cache: EmbeddingCache | None = None
     limiter: RedisRateLimiter | None = None
     extract_timeout_s: float = 15.0
+    pdf: PdfReader | None = None
+    """Reads PDFs (in a sandbox); None: a PDF fails as unsupported."""
 
 
 @dataclass
@@ -236,7 +239,7 @@ def index_download(
     raw, prev = seen if seen else ("", None)
     now = time.time()
     try:
-        page = extract_page(download, timeout_s=ctx.extract_timeout_s)
+        page = extract_page(download, timeout_s=ctx.extract_timeout_s, pdf=ctx.pdf)
     except FetchError:
         return UrlResult("failed", fetched=1)
     if prev is not None and page.content_sha256 == prev.content_sha256:
