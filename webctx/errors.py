@@ -186,9 +186,11 @@ class UnreadablePdf(ExtractionError):
     Not a TransientError, timeouts included: the same file would hit the same limit again.
     """
 
+    reasons = ("encrypted", "malformed", "too_many_pages", "no_text_layer", "timeout", "too_large")
+
     def __init__(self, url: str, message: str, *, reason: str) -> None:
         super().__init__(url, message)
-        self.reason = reason
+        self.reason = reason if reason in self.reasons else "malformed"
 
 
 class ProviderError(WebctxError):

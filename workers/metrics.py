@@ -91,6 +91,7 @@ def _error_reasons(cls: type[errors.WebctxError]) -> Iterator[str]:
     reason = vars(cls).get("reason")
     if isinstance(reason, str):
         yield reason
+    yield from vars(cls).get("reasons", ())  # a class whose instances carry one of several
     for sub in cls.__subclasses__():
         yield from _error_reasons(sub)
 
