@@ -10,6 +10,8 @@ Children come from multiprocessing's forkserver, started lazily once per process
 the worker itself is unsafe when it runs threads (Celery's threads pool, the fetch loop),
 while the fork server is a fresh single-threaded process that has imported pypdfium2
 already, so a child costs a fork instead of an interpreter start (docs/benchmarks.md).
+A process that forks after it has read a PDF cannot use its parent's fork server
+(multiprocessing's limit); webctx's workers build their reader in each pool child.
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ def _run_child(body: bytes, limits: PdfLimits) -> tuple[Any, ...]:
     theirs.close()
     deadline = time.monotonic() + limits.timeout_s
     # Sent from a thread: a child that stops reading must not hold us past the deadline.
-    threading.Thread(target=_send, args=(ours, body), daemon=True, name="webctx-pdf-send").start()
+    sender = threading.Thread(target=_send, args=(ours, body), daemon=True,
+                              name="webctx-pdf-send")  # fmt: skip
+    sender.start()
     try:
         try:
             if ours.poll(max(0.0, deadline - time.monotonic())):
@@ -100,10 +104,13 @@ def _run_child(body: bytes, limits: PdfLimits) -> tuple[Any, ...]:
             return ("error", "timeout", f"not read within {limits.timeout_s}s")
         return _death(child.exitcode, limits)
     finally:
-        ours.close()
         if child.is_alive():
             child.kill()
         child.join(5)
+        # The sender ends once the child is gone (EPIPE); only then may the pipe close, or
+        # a write could land on a descriptor number the process has reused meanwhile.
+        sender.join(5)
+        ours.close()
         if child.exitcode is not None:
             child.close()
 
