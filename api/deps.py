@@ -26,6 +26,7 @@ from webctx.errors import (
     Conflict,
     InvalidRequest,
     JobNotFound,
+    QuotaExceeded,
     TooManyRequests,
     Unauthorized,
 )
@@ -180,6 +181,9 @@ def submit(
 
     check_request_limits(request, runtime.settings)
     job_id = uuid.uuid4().hex
+    limit = runtime.settings.tenant_max_stored_bytes
+    # Before the key is claimed: a refused job must not leave a key naming no job.
+    runtime.jobs.stored.check(caller.tenant, len(request.model_dump_json().encode()), limit=limit)
     if idempotency_key is not None:
         if not 1 <= len(idempotency_key) <= 255:
             raise InvalidRequest("Idempotency-Key must be 1-255 characters")
@@ -187,13 +191,19 @@ def submit(
         if claimed != job_id:
             _check_same_request(runtime, claimed, request)
             return claimed, False
-    submit_job(
-        runtime.jobs,
-        request,
-        timeout_s=runtime.settings.job_timeout_s,
-        job_id=job_id,
-        tenant=caller.tenant,
-    )
+    try:
+        submit_job(
+            runtime.jobs,
+            request,
+            timeout_s=runtime.settings.job_timeout_s,
+            job_id=job_id,
+            tenant=caller.tenant,
+            max_stored_bytes=limit,
+        )
+    except QuotaExceeded:  # another submission took the last bytes since the check
+        if idempotency_key is not None:
+            runtime.jobs.release_idempotency_key(caller.tenant, idempotency_key, job_id)
+        raise
     logger.info("job submitted", extra={"job_id": job_id, "tenant": caller.tenant})
     return job_id, True
 

@@ -39,6 +39,7 @@ from webctx.errors import (
     InvalidRequest,
     JobNotFound,
     ProviderError,
+    QuotaExceeded,
     RateLimited,
     TooManyRequests,
     TransientError,
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 _STATUS: list[tuple[type[WebctxError], int, str]] = [
     (Unauthorized, 401, "unauthorized"),
     (TooManyRequests, 429, "rate_limited"),
+    (QuotaExceeded, 403, "quota_exceeded"),
     (JobNotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
     (InvalidRequest, 422, "invalid_request"),

@@ -9,6 +9,7 @@ WebctxError
 |   +-- BatchNotFound(batch_id)
 +-- Unauthorized                 # no API key, or an unknown or revoked one: 401
 +-- TooManyRequests(retry_after_s)  # the key spent its request budget: 429
++-- QuotaExceeded(stored_bytes, limit_bytes)  # the tenant's jobs hold its byte quota: 403
 +-- Conflict                     # not in a state that allows this: 409
 |   +-- BatchConflict            # the batch name holds a different file
 +-- TransientError               # the only thing Celery retries
@@ -82,6 +83,18 @@ class TooManyRequests(WebctxError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(WebctxError):
+    """The tenant's live jobs already hold its stored-bytes quota; this job would pass it.
+
+    403, not 413 (the request itself may be small), 429 (no request window resets it: jobs
+    expire days later) or 507 (a 5xx: clients retry it and alerts blame the server)."""
+
+    def __init__(self, message: str, *, stored_bytes: int, limit_bytes: int) -> None:
+        super().__init__(message)
+        self.stored_bytes = stored_bytes
+        self.limit_bytes = limit_bytes
 
 
 class Conflict(WebctxError):

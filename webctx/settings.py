@@ -253,6 +253,10 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(default=1_000_000, ge=1_000)
     """A request body over this is refused with 413 while it is read (chunked ones too);
     `POST /v1/batches` has `batch.max_body_bytes` instead."""
+    tenant_max_stored_bytes: int = Field(default=256_000_000, ge=0)
+    """Bytes one tenant's live jobs may keep in the state Redis (requests and bundles, for
+    `job_ttl_s`): a job submitted past it (`POST /v1/jobs`, `/v1/context`, MCP web_context) is
+    refused with 403 (0: no limit). Batch items count but are never refused."""
     api_max_domains: int = Field(default=100, ge=1)
     """Entries of a job's `include_domains` / `exclude_domains` at most (422 beyond)."""
     api_max_domain_chars: int = Field(default=253, ge=1)

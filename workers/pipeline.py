@@ -24,13 +24,18 @@ def submit_job(
     tenant: str | None = None,
     batch: str | None = None,
     priority: int | None = None,
+    max_stored_bytes: int = 0,
 ) -> str:
     """Record a job, start its plan task and its deadline watchdog; return the job id.
 
     `priority` (batch items) is inherited by every task the job's tasks start
     (`task_inherit_parent_priority`), so a worker serves interactive jobs first.
+    QuotaExceeded, and nothing started, if the tenant's jobs would hold more than
+    `max_stored_bytes` (0: no limit; webctx.jobs.quota).
     """
-    job_id = jobs.create(request, job_id=job_id, tenant=tenant, batch=batch)
+    job_id = jobs.create(
+        request, job_id=job_id, tenant=tenant, batch=batch, max_stored_bytes=max_stored_bytes
+    )
     priority = broker_priority(priority)
     app.signature("webctx.plan", args=(job_id,)).apply_async(priority=priority)
     app.signature("webctx.rank", args=(job_id,), kwargs={"force": True}).apply_async(

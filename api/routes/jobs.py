@@ -45,7 +45,7 @@ class ErrorOut(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 429)
+    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 413, 422, 429)
 }
 # The events route streams text/event-stream, but its errors are JSON like the others'.
 JSON_ERRORS: dict[int | str, dict[str, Any]] = {

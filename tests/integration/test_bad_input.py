@@ -14,6 +14,8 @@ import redis
 
 from tests.conftest import clean_env, redis_url, run_cli
 from tests.integration.conftest import ApiStack
+from webctx.jobs.quota import StoredBytes
+from webctx.settings import Settings
 
 # One xdist worker runs this module: its tests share one API stack (module fixture).
 pytestmark = pytest.mark.xdist_group("api_stack")
@@ -145,3 +147,34 @@ def test_refresh_run_without_sources_is_readable_by_its_creator(api_stack: ApiSt
         mine = alpha.get(f"/v1/sources/runs/{run_id}")
         assert mine.status_code == 200 and mine.json()["run_id"] == run_id
         assert beta.get(f"/v1/sources/runs/{run_id}").status_code == 404
+
+
+def test_a_tenant_past_its_stored_bytes_is_refused_and_another_is_not(
+    api_stack: ApiStack,
+) -> None:
+    client = redis.Redis.from_url(redis_url(), decode_responses=True)
+    limit = Settings().tenant_max_stored_bytes  # the stack runs with the default
+    # alpha's jobs hold all but 10 bytes of its quota: a stand-in job that expires in 10 s.
+    StoredBytes(client, ttl_s=10).add("alpha", "filler", limit - 10)
+    body = {"question": QUESTION}
+    with api_stack.client("alpha") as alpha, api_stack.client("beta") as beta:
+        refused = alpha.post("/v1/jobs", json=body)
+        keyed = alpha.post("/v1/jobs", json=body, headers={"Idempotency-Key": "k1"})
+        context = alpha.post("/v1/context", json=body)
+        before = StoredBytes(client, ttl_s=10).total("beta")
+        other = beta.post("/v1/jobs", json=body)
+        for resp in (refused, keyed, context):
+            assert resp.status_code == 403, resp.text
+            assert resp.json()["error"] == "quota_exceeded"
+            assert "WEBCTX_TENANT_MAX_STORED_BYTES" in resp.json()["message"]
+        assert other.status_code == 202, other.text
+        assert StoredBytes(client, ttl_s=10).total("beta") > before
+        # Once the stand-in expires, alpha is admitted, and the refused key names no job.
+        deadline = time.monotonic() + 30
+        while StoredBytes(client, ttl_s=10).total("alpha") > limit - 1_000:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        admitted = alpha.post("/v1/jobs", json=body, headers={"Idempotency-Key": "k1"})
+    assert admitted.status_code == 202, admitted.text
+    assert admitted.headers.get("Idempotent-Replayed") is None
+    client.close()

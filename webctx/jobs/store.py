@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol, cast
 import redis
 
 from webctx.errors import JobNotFound
+from webctx.jobs.quota import StoredBytes
 from webctx.models import (
     Bundle,
     Failure,
@@ -82,6 +83,7 @@ class JobStore:
         self._redis = client
         self.ttl_s = ttl_s
         self.observers = tuple(observers)
+        self.stored = StoredBytes(client, ttl_s=ttl_s)
 
     def _emit(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
         for observer in self.observers:
@@ -117,13 +119,20 @@ class JobStore:
         job_id: str | None = None,
         tenant: str | None = None,
         batch: str | None = None,
+        max_stored_bytes: int = 0,
     ) -> str:
-        """Record a new queued job (owned by `tenant`, part of `batch`, if given); its id."""
+        """Record a new queued job (owned by `tenant`, part of `batch`, if given); its id.
+
+        The request's bytes count to the tenant's stored bytes; QuotaExceeded (nothing
+        recorded) if they would pass `max_stored_bytes` (0: no limit)."""
         job_id = job_id or uuid.uuid4().hex
         meta = self._k(job_id, "meta")
+        raw = request.model_dump_json()
+        if tenant is not None:
+            self.stored.add(tenant, job_id, len(raw.encode()), limit=max_stored_bytes)
         pipe = self._redis.pipeline()
         fields: dict[Any, Any] = {
-            "request": request.model_dump_json(),
+            "request": raw,
             "status": JobStatus.QUEUED.value,
             "created_at": f"{time.time():.3f}",
         }
@@ -161,6 +170,12 @@ class JobStore:
             return job_id
         existing = self._redis.get(name)
         return cast(str, existing) if existing else job_id
+
+    def release_idempotency_key(self, tenant: str, key: str, job_id: str) -> None:
+        """Unbind the key if it still names `job_id` (a job that was refused, never made)."""
+        name = f"webctx:idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+        if self._redis.get(name) == job_id:
+            self._redis.delete(name)
 
     def tenant_page(self, tenant: str, ref: str) -> Page | None:
         """A page one of the tenant's jobs fetched, by content hash or by URL."""
@@ -434,7 +449,13 @@ class JobStore:
     def save_bundle(self, job_id: str, bundle: Bundle) -> bool:
         """Store the bundle once; False if one was stored already."""
         key = self._k(job_id, "bundle")
-        return bool(self._redis.set(key, bundle.model_dump_json(), nx=True, ex=self.ttl_s))
+        raw = bundle.model_dump_json()
+        if not self._redis.set(key, raw, nx=True, ex=self.ttl_s):
+            return False
+        tenant = cast("str | None", self._redis.hget(self._k(job_id, "meta"), "tenant"))
+        if tenant:  # a bundle is never refused: its job was admitted already
+            self.stored.add(tenant, job_id, len(raw.encode()))
+        return True
 
     def bundle(self, job_id: str) -> Bundle | None:
         """The job's bundle, once it has one."""
