@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -184,3 +185,27 @@ def test_bundle_chunks_of_a_pdf_carry_their_pages(reader: SandboxedPdfReader) ->
     assert [c.pages for c in bundle.chunks] == [[1, 1], [last, last]]
     shown = render_markdown(bundle)
     assert "**[1, p. 1]**" in shown and f"**[1, p. {last}]**" in shown
+
+
+def test_a_temp_dir_too_long_for_the_fork_servers_socket_still_reads_pdfs(
+    tmp_path: Path,
+) -> None:
+    # multiprocessing puts the fork server's unix socket under the temp dir; a long TMPDIR
+    # made every PDF fail "AF_UNIX path too long" (seen with a job run in a scratch TMPDIR).
+    import os
+    import subprocess
+    import sys
+
+    long_tmp = tmp_path / ("t" * 80)
+    long_tmp.mkdir()
+    script = (
+        "from webctx.adapters.pdf_sandbox import PdfLimits, SandboxedPdfReader\n"
+        "from webctx.devweb import pdfgen\n"
+        "body = pdfgen.make_pdf(pdfgen.paginate(['Tide tables list high water.']))\n"
+        "print(SandboxedPdfReader(PdfLimits()).read(body, url='https://e.org/a.pdf').pages)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(long_tmp)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Tide tables list high water." in done.stdout

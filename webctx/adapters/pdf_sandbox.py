@@ -20,11 +20,12 @@ import logging
 import multiprocessing
 import resource
 import signal
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext
+from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
 from webctx.errors import UnreadablePdf
@@ -33,7 +34,10 @@ from webctx.models import PdfText
 logger = logging.getLogger(__name__)
 
 _CONTEXT_LOCK = threading.Lock()
-_context: ForkServerContext | None = None
+_context: ForkServerContext | SpawnContext | None = None
+_UNIX_PATH_MAX = 107
+_FORKSERVER_SOCKET_SUFFIX = len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+"""What multiprocessing adds to the temp dir for the fork server's socket."""
 _OOM_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGTRAP, signal.SIGILL, signal.SIGBUS}
 
 
@@ -67,10 +71,19 @@ class SandboxedPdfReader:
         raise UnreadablePdf(url, message, reason=reason)
 
 
-def _forkserver() -> ForkServerContext:
-    """The forkserver context, its server preloading this module (hence pypdfium2)."""
+def _forkserver() -> ForkServerContext | SpawnContext:
+    """The forkserver context, its server preloading this module (hence pypdfium2); or,
+    where the temp dir's path is too long for the fork server's unix socket (a long TMPDIR),
+    spawn: a fresh interpreter per PDF, slower to start (it imports pypdfium2) but as safe."""
     global _context
     with _CONTEXT_LOCK:
+        if _context is None and (
+            len(tempfile.gettempdir()) + _FORKSERVER_SOCKET_SUFFIX > _UNIX_PATH_MAX
+        ):
+            tmpdir = tempfile.gettempdir()
+            logger.warning("temp dir path too long for a fork server socket: PDFs are read "
+                           "in spawned processes", extra={"tmpdir": tmpdir})  # fmt: skip
+            _context = multiprocessing.get_context("spawn")
         if _context is None:
             context = multiprocessing.get_context("forkserver")
             # "__main__" too: else every child imports the entry script again (spawn.prepare)
