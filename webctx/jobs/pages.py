@@ -9,7 +9,7 @@ settled, and the last settled page starts rank (`webctx.jobs.fanin`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -29,36 +29,35 @@ def fetch_one(engine: Engine, job_id: str, url_id: str) -> None:
     """Download and extract one page (once), then hand it to the embed queue, or settle
     it here (a failure, or its text already stored), or send it to the render queue (its
     fetch then completes when the render ends)."""
-    jobs = engine.jobs
-    if not jobs.is_active(job_id):
-        return
-    url = jobs.url(job_id, url_id)
-    page = jobs.page_for(job_id, url_id)
-    if page is None and not jobs.is_done(job_id, "fetch", url_id):
-        jobs.mark_stage(job_id, "fetch", start=True)
-        with _delivery(engine, job_id, "fetch", url_id, url=url) as alive:
-            got = fetch_for_job(engine, job_id, url_id, url) if alive else None
-        jobs.mark_stage(job_id, "fetch", start=False)
-        if isinstance(got, ToRender):
-            engine.fanin.to_render(job_id, url_id)
-            return
-        page = got
-    _fetched(engine, job_id, url_id, page)
+    _get_page(engine, job_id, url_id, "fetch", fetch_for_job)
 
 
 def render_one(engine: Engine, job_id: str, url_id: str) -> None:
     """Render one page in the browser (once) and extract the rendered DOM; then, as a
     fetch would, hand it to the embed queue or settle it."""
+    _get_page(engine, job_id, url_id, "render", render_for_job)
+
+
+GetPage = Callable[[Engine, str, str, str], Page | ToRender | None]
+
+
+def _get_page(engine: Engine, job_id: str, url_id: str, stage: str, get: GetPage) -> None:
+    """The page of `url_id` by `get` (unless the job has it, or its fetch step is done),
+    under the stage's delivery count; then on to `_fetched`, or to the render queue."""
     jobs = engine.jobs
     if not jobs.is_active(job_id):
         return
     url = jobs.url(job_id, url_id)
     page = jobs.page_for(job_id, url_id)
     if page is None and not jobs.is_done(job_id, "fetch", url_id):
-        jobs.mark_stage(job_id, "render", start=True)
-        with _delivery(engine, job_id, "render", url_id, url=url) as alive:
-            page = render_for_job(engine, job_id, url_id, url) if alive else None
-        jobs.mark_stage(job_id, "render", start=False)
+        jobs.mark_stage(job_id, stage, start=True)
+        with _delivery(engine, job_id, stage, url_id, url=url) as alive:
+            got = get(engine, job_id, url_id, url) if alive else None
+        jobs.mark_stage(job_id, stage, start=False)
+        if isinstance(got, ToRender):
+            engine.fanin.to_render(job_id, url_id)
+            return
+        page = got
     _fetched(engine, job_id, url_id, page)
 
 
