@@ -29,6 +29,7 @@ SETTINGS = FetchSettings(
     max_bytes=200_000,
     max_redirects=3,
     per_host_concurrency=2,
+    product_token="webctx-test",
     user_agent="webctx-test/1.0 (+https://example.invalid/bot)",
 )
 """A deadline far above a loopback fetch, even on a loaded machine; the deadline tests

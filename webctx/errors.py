@@ -18,6 +18,7 @@ WebctxError
 |   +-- ProviderUnavailable      # 5xx / connection errors from search, embeddings, store
 +-- FetchError(url)
 |   +-- BlockedURL               # SSRF guard, scheme, robots.txt
+|   |   +-- OptedOut(rule)       # the publisher reserved the page (noai, TDM reservation)
 |   +-- InvalidRedirect          # a redirect's Location is no URL httpx can parse
 |   +-- ContentTooLarge
 |   +-- UnsupportedContent       # not HTML / XHTML / plain text
@@ -149,6 +150,17 @@ class BlockedURL(FetchError):
     """The URL is refused by policy (scheme, address, robots.txt)."""
 
     reason = "blocked"
+
+
+class OptedOut(BlockedURL):
+    """The publisher reserved the page from text and data mining (`X-Robots-Tag: noai`, a
+    TDM reservation); `rule` names what said so."""
+
+    reason = "opted_out"
+
+    def __init__(self, url: str, rule: str) -> None:
+        super().__init__(url, rule)
+        self.rule = rule
 
 
 class InvalidRedirect(FetchError):

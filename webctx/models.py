@@ -94,6 +94,11 @@ class Download(BaseModel):
     etag: str | None = None
     last_modified: str | None = None
     fetched_at: datetime = Field(default_factory=utcnow)
+    headers: list[tuple[str, str]] = Field(default_factory=list)
+    """The response headers publishers opt out with (X-Robots-Tag, tdm-reservation,
+    tdm-policy), lower-cased names, in order; the others are not kept."""
+    tdmrep_rule: str | None = None
+    """The rule of the origin's /.well-known/tdmrep.json that reserves this URL, if any."""
 
 
 class Page(BaseModel):
@@ -114,6 +119,11 @@ class Page(BaseModel):
     """A PDF's pages: where page i + 1 starts in `text`; None for web pages."""
     etag: str | None = None
     last_modified: str | None = None
+    opt_out: str | None = None
+    """The publisher's rule reserving the page (`X-Robots-Tag: noai`), kept only when
+    opt-outs are reported, not honoured (WEBCTX_FETCH__OPT_OUTS=report)."""
+    noindex: str | None = None
+    """The rule keeping the page out of the persistent index (`X-Robots-Tag: noindex`)."""
 
 
 class Retrieval(BaseModel):
@@ -202,6 +212,9 @@ class BundleSource(BaseModel):
     """Why the download failed, when `stale`."""
     flags: list[str] = Field(default_factory=list)
     """`["instructions"]` when the title, site or author addresses the model reading it."""
+    opt_out: str | None = None
+    """The publisher reserved this page (`X-Robots-Tag: noai`, a TDM reservation) and the
+    operator reports opt-outs instead of honouring them (WEBCTX_FETCH__OPT_OUTS=report)."""
 
 
 class BundleChunk(BaseModel):

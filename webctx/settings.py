@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -25,11 +26,21 @@ class FetchSettings(BaseModel):
     per_host_concurrency: int = 2
     concurrency: int = 8
     extract_timeout_s: float = 15.0
+    product_token: str = Field(default="webctx", pattern=r"^[A-Za-z_-]+$")
+    """The name robots.txt groups (`User-agent: webctx`), `X-Robots-Tag: webctx: ...` and
+    `<meta name="webctx">` are matched against, case-insensitively and whole."""
     user_agent: str = "webctx/0.1 (+https://github.com/webctx/webctx; research bot)"
+    """Sent on every request (pages, robots.txt, tdmrep.json, sitemaps, feeds,
+    revalidations, the browser); must contain `product_token` as a product name."""
     allowed_ports: list[int] = Field(default_factory=lambda: [80, 443])
     """Ports fetchable anywhere; other ports only inside WEBCTX_ALLOWED_NETWORKS."""
     respect_robots: bool = True
     robots_ttl_s: float = 3600.0
+    """robots.txt and tdmrep.json answers are kept this long per origin."""
+    opt_outs: Literal["honour", "report"] = "honour"
+    """Publishers' opt-outs beyond robots.txt (X-Robots-Tag and meta `noai`/`none`, a TDM
+    reservation): honour (the page fails `opted_out`, its text is not kept) or report
+    (used, its bundle source marked `opt_out`; for operators with a licence)."""
     per_host_delay_s: float = 1.0
     """Minimum gap between request starts to one host (robots.txt Crawl-delay may raise it)."""
     max_backoff_s: float = 300.0
@@ -44,6 +55,26 @@ class FetchSettings(BaseModel):
     """Address space of that child (RLIMIT_AS), in MiB; past it the PDF is `too_large`."""
     pdf_timeout_s: float = 20.0
     """Wall-clock deadline of that child; it is killed past it (`timeout`)."""
+
+    @model_validator(mode="after")
+    def _agent_names_token(self) -> FetchSettings:
+        """A User-Agent that does not carry the product token would be matched under one
+        name and seen by sites under another: refused, not patched."""
+        if not agent_has_token(self.user_agent, self.product_token):
+            raise ValueError(
+                f"WEBCTX_FETCH__USER_AGENT {self.user_agent!r} does not contain the product "
+                f"token {self.product_token!r} (WEBCTX_FETCH__PRODUCT_TOKEN) as a product "
+                f"name, e.g. {self.product_token}/1.0: robots.txt rules for it would not "
+                "apply to what sites see; put it in the User-Agent or set the token"
+            )
+        return self
+
+
+def agent_has_token(user_agent: str, token: str) -> bool:
+    """True if `token` stands in `user_agent` as a whole product name (`webctx/0.1`,
+    `(compatible; webctx/0.1)`), compared case-insensitively."""
+    pattern = rf"(?<![A-Za-z0-9_-]){re.escape(token)}(?![A-Za-z0-9_-])"
+    return re.search(pattern, user_agent, re.IGNORECASE) is not None
 
 
 class RenderSettings(BaseModel):
@@ -78,7 +109,7 @@ class RenderSettings(BaseModel):
     @field_validator("always_domains", "never_domains", mode="before")
     @classmethod
     def _split_domains(cls, value: object) -> object:
-        """"a.org, b.org" or a JSON list; lower-cased."""
+        """ "a.org, b.org" or a JSON list; lower-cased."""
         if isinstance(value, str):
             text = value.strip()
             value = json.loads(text) if text.startswith("[") else text.split(",")

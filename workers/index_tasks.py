@@ -49,6 +49,7 @@ def index_context(deps: Deps) -> IndexContext:
         limiter=engine.limiter,
         extract_timeout_s=settings.fetch.extract_timeout_s,
         pdf=engine.pdf,
+        fetch=settings.fetch,
     )
 
 

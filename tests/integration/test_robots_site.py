@@ -59,6 +59,7 @@ def site() -> Iterator[tuple[LoopbackServer, collections.Counter[str]]]:
 
 def fetch_all(server: LoopbackServer, paths: list[str], agent: str) -> dict[str, str | None]:
     settings = FetchSettings(total_timeout_s=5.0, per_host_delay_s=0.0, user_agent=agent,
+                             product_token=agent.split("/")[0],
                              per_host_concurrency=8, concurrency=16)  # fmt: skip
     fetcher = HttpxFetcher(settings, policy=AddressPolicy(allowed_networks=["127.0.0.1/32"]),
                            politeness=Politeness.from_settings(settings))  # fmt: skip

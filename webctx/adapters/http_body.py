@@ -9,8 +9,11 @@ import zlib
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+import httpx
+
 from webctx.errors import ContentTooLarge, UnsupportedContent
 from webctx.models import Download
+from webctx.net.optouts import KEPT_HEADERS
 
 # fmt: off
 _BINARY_MAGIC = (b"%PDF-", b"\x89PNG", b"GIF87a", b"GIF89a", b"\xff\xd8\xff", b"PK\x03\x04",
@@ -141,6 +144,13 @@ def _pdf_path(url: str) -> bool:
     return urlsplit(url).path.lower().endswith(".pdf")
 
 
+def kept_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The opt-out headers of an answer (`KEPT_HEADERS`), every value of each, in order."""
+    items = headers.multi_items() if isinstance(headers, httpx.Headers) else headers.items()
+    # The lean path joins a repeated header's values by newlines (revalidate.Answer).
+    return [(k.lower(), v) for k, vs in items if k.lower() in KEPT_HEADERS for v in vs.split("\n")]
+
+
 def not_modified(url: str, final_url: str, headers: Mapping[str, str]) -> Download:
     """The Download of a 304: no body, the validators the server sent."""
     return Download(
@@ -151,6 +161,7 @@ def not_modified(url: str, final_url: str, headers: Mapping[str, str]) -> Downlo
         body=b"",
         etag=headers.get("etag"),
         last_modified=headers.get("last-modified"),
+        headers=kept_headers(headers),
     )
 
 
@@ -179,4 +190,5 @@ def body_download(
         encoding=charset,
         etag=headers.get("etag"),
         last_modified=headers.get("last-modified"),
+        headers=kept_headers(headers),
     )

@@ -18,7 +18,9 @@ checked before connecting can resolve elsewhere when connecting):
   never inflates past `max_bytes` (httpx's decoders have no output limit).
 - Politeness (optional, `webctx.net.politeness`): every hop consults robots.txt (fetched through
   this same guarded client, one request per origin at a time: concurrent fetches await the
-  pending one), waits its turn for the host, and a 429/503 pauses the host.
+  pending one), waits its turn for the host, and a 429/503 pauses the host. The origin's
+  tdmrep.json is read alongside robots.txt the same way; the rule reserving the final URL,
+  if any, goes with the Download (`tdmrep_rule`), as do the opt-out headers.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from webctx.adapters.http_body import (
     not_modified,
 )
 from webctx.adapters.revalidate import Revalidator, drainable
-from webctx.adapters.robots_loader import RobotsLoader
+from webctx.adapters.robots_loader import RobotsLoader, TdmRepLoader
 from webctx.errors import (
     BlockedURL,
     FetchError,
@@ -85,6 +87,8 @@ so a request is not sent on a connection the server is closing."""
 _CALL: contextvars.ContextVar[tuple[dict[str, str], frozenset[str]]] = contextvars.ContextVar(
     "webctx_fetch_call"
 )
+# The tdmrep.json rule reserving the current hop's URL, if any: per task, read by _download.
+_TDMREP: contextvars.ContextVar[str | None] = contextvars.ContextVar("webctx_tdmrep")
 T = TypeVar("T")
 
 
@@ -115,6 +119,7 @@ class HttpxFetcher:
         # Only touched from the loop's thread.
         self._slots = weakref.WeakValueDictionary[str, asyncio.Semaphore]()
         self._robots = RobotsLoader(settings, self._host_slot)
+        self._tdmrep = TdmRepLoader(settings, self._host_slot)
         self._client: httpx.AsyncClient | None = None
         self._revalidator: Revalidator | None = None
         self._loop = FetchLoop(name="webctx-fetch-loop", on_start=self._forget_loop_state)
@@ -208,6 +213,7 @@ class HttpxFetcher:
         self._client, self._revalidator = None, None
         self._slots = weakref.WeakValueDictionary()
         self._robots = RobotsLoader(self._settings, self._host_slot)
+        self._tdmrep = TdmRepLoader(self._settings, self._host_slot)
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
@@ -267,13 +273,14 @@ class HttpxFetcher:
         headers = answer.headers
         self._note(target.host, answer.status, headers.get("retry-after"))
         if answer.status == 304:
-            return not_modified(url, url, headers)
+            return _with_tdmrep(not_modified(url, url, headers))
         if not 200 <= answer.status < 300:
             raise HTTPStatusError(url, f"HTTP {answer.status}", status=answer.status)
         media, charset, _ = checked_head(url, headers, _LEAN_TYPES, self._settings.max_bytes)
         decoder = BodyDecoder(url, headers.get("content-encoding", ""), self._settings.max_bytes)
         decoder.feed(answer.body)
-        return body_download(url, url, answer.status, headers, media, charset, decoder.finish())
+        body = decoder.finish()
+        return _with_tdmrep(body_download(url, url, answer.status, headers, media, charset, body))
 
     def _new_revalidator(self) -> Revalidator:
         s = self._settings
@@ -340,14 +347,29 @@ class HttpxFetcher:
     async def _be_polite(
         self, polite: Politeness, client: httpx.AsyncClient, target: httpx.URL, deadline: float
     ) -> None:
-        """robots.txt, then the host's turn; BlockedURL or FetchTimeout instead of waiting."""
+        """robots.txt (and tdmrep.json, read alongside: its verdict on this hop's URL goes
+        to the download), then the host's turn; BlockedURL or FetchTimeout instead of
+        waiting."""
         origin = f"{target.scheme}://{target.netloc.decode('ascii')}"
+        tdmrep = polite.tdmrep.get(origin)
+        pending = None
+        if tdmrep is None:
+            pending = asyncio.ensure_future(self._tdmrep.rules(polite, client, origin))
+            pending.add_done_callback(lambda done: done.cancelled() or done.exception())
         rules = None
-        if polite.respect_robots:
-            rules = polite.robots.get(origin) or await self._robots.rules(polite, client, origin)
-            decision = rules.decide(str(target))
-            if not decision.allowed:
-                raise BlockedURL(str(target), decision.reason())
+        try:
+            if polite.respect_robots:
+                rules = polite.robots.get(origin) or await self._robots.rules(
+                    polite, client, origin
+                )
+                decision = rules.decide(str(target))
+                if not decision.allowed:
+                    raise BlockedURL(str(target), decision.reason())
+            tdmrep = await pending if pending is not None else tdmrep
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()  # this waiter only: the shared request goes on
+        _TDMREP.set(tdmrep.decide(str(target)) if tdmrep is not None else None)
         delay = rules.crawl_delay if rules is not None else None
         wait = polite.pacer.reserve(target.host, delay_s=delay, latest=deadline)
         if wait is None:
@@ -381,7 +403,7 @@ class HttpxFetcher:
         if response.status_code == 304 and conditional:
             async for _ in response.aiter_raw():  # no body (h11 knows); ends the message,
                 pass  # so the connection goes back to the pool instead of being closed
-            return not_modified(url, final_url, response.headers)
+            return _with_tdmrep(not_modified(url, final_url, response.headers))
         if not 200 <= response.status_code < 300:
             if drainable(response.headers):  # read it to its end: keep the connection
                 async for _ in response.aiter_raw():
@@ -396,8 +418,8 @@ class HttpxFetcher:
         decoder = BodyDecoder(final_url, response.headers.get("content-encoding", ""), limit)
         async for raw in response.aiter_raw():
             decoder.feed(raw)
-        return body_download(url, final_url, response.status_code, response.headers,
-                              media, charset, decoder.finish())  # fmt: skip
+        return _with_tdmrep(body_download(url, final_url, response.status_code, response.headers,
+                                          media, charset, decoder.finish()))  # fmt: skip
 
     def _note_status(self, response: httpx.Response) -> None:
         self._note(response.url.host, response.status_code, response.headers.get("retry-after"))
@@ -413,3 +435,9 @@ class HttpxFetcher:
                                               "pause_s": pause})  # fmt: skip
         else:
             pacer.ok(host)
+
+
+def _with_tdmrep(download: Download) -> Download:
+    """The download with the tdmrep.json rule reserving its URL (found by _be_polite)."""
+    rule = _TDMREP.get(None)
+    return download.model_copy(update={"tdmrep_rule": rule}) if rule else download

@@ -31,6 +31,7 @@ import httpx
 from webctx.adapters.guarded_transport import REDIRECTS, GuardedBackend
 from webctx.adapters.http_body import declared_length, parse_content_type
 from webctx.errors import FetchError, FetchTimeout
+from webctx.net.optouts import KEPT_HEADERS
 
 DRAIN_BYTES = 64 * 1024
 """An error response declaring at most this much is read to its end, so its connection
@@ -56,8 +57,9 @@ class _Connection:
 
 @dataclass(frozen=True)
 class Answer:
-    """A response of the lean path: status, headers (lower-case names) and, for a 2xx, the
-    body as sent (the caller decodes it and checks it like the full path)."""
+    """A response of the lean path: status, headers (lower-case names; a repeated opt-out
+    header's values joined by newlines, which no value holds) and, for a 2xx, the body as sent (the
+    caller decodes it and checks it like the full path)."""
 
     status: int
     headers: dict[str, str]
@@ -167,7 +169,11 @@ class Revalidator:
         if not isinstance(response, h11.Response):
             raise _ClosedEarly()
         status = response.status_code
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers}
+        headers: dict[str, str] = {}
+        for key, value in response.headers:
+            name, text = key.decode("latin-1").lower(), value.decode("latin-1")
+            joined = name in headers and name in KEPT_HEADERS  # others: the last one
+            headers[name] = f"{headers[name]}\n{text}" if joined else text
         if 200 <= status < 300:
             if not _readable(headers, types, max_body):
                 connection.close()

@@ -94,9 +94,10 @@ def make_site_app(
     hits: collections.Counter[str] | None = None,
     sent: collections.Counter[str] | None = None,
     not_modified: collections.Counter[str] | None = None,
+    agents: list[tuple[str, str]] | None = None,
 ) -> Starlette:
     """An app serving `pages` by path (404 otherwise), counting requests, body bytes sent
-    and 304 answers."""
+    and 304 answers; `agents` collects (path, User-Agent) of every request."""
     hits = collections.Counter() if hits is None else hits
     sent = collections.Counter() if sent is None else sent
     not_modified = collections.Counter() if not_modified is None else not_modified
@@ -104,6 +105,8 @@ def make_site_app(
     async def endpoint(request: Request) -> Response:
         path = request.url.path
         hits[path] += 1
+        if agents is not None:
+            agents.append((path, request.headers.get("user-agent", "")))
         page = pages.get(path)
         if page is None:
             return Response(b"not found", status_code=404, media_type="text/plain")

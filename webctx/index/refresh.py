@@ -24,10 +24,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Literal
 
-from webctx.errors import FetchError, HTTPStatusError
+from webctx.errors import FetchError, HTTPStatusError, OptedOut
 from webctx.index.page_records import PageRecord, PageRecords, Seen
 from webctx.index.sources import Source, discover_urls
 from webctx.jobs.caches import StoredPages
+from webctx.jobs.reservations import download_opt_outs, marked
 from webctx.models import Download, Page
 from webctx.net.ratelimit import RedisRateLimiter
 from webctx.protocols import (
@@ -40,7 +41,7 @@ from webctx.protocols import (
     PdfReader,
     Revalidation,
 )
-from webctx.settings import ChunkSettings, EmbedSettings, IndexSettings
+from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings, IndexSettings
 from webctx.stages.chunk import chunk_page
 from webctx.stages.compose import index_page
 from webctx.stages.fetch import extract_page
@@ -55,7 +56,9 @@ def hashes_of(records: Iterable[PageRecord]) -> list[str]:
 
 
 # -- re-indexing ----------------------------------------------------------------------------
-Outcome = Literal["added", "changed", "unchanged", "not_modified", "missing", "removed", "failed"]
+Outcome = Literal[
+    "added", "changed", "unchanged", "not_modified", "missing", "removed", "failed", "opted_out"
+]
 GONE_STATUSES = frozenset({404, 410})
 
 
@@ -77,6 +80,8 @@ class IndexContext:
     extract_timeout_s: float = 15.0
     pdf: PdfReader | None = None
     """Reads PDFs (in a sandbox); None: a PDF fails as unsupported."""
+    fetch: FetchSettings = field(default_factory=FetchSettings)
+    """The product token and opt-out mode pages are judged by (`kept_out`)."""
 
 
 @dataclass
@@ -226,10 +231,25 @@ def settle_url(
         return UrlResult("missing", touch=(raw, missed))
     if isinstance(fetched, FetchError):
         return UrlResult("failed")
+    if kept_out(fetched, ctx) is not None:
+        if prev is not None:
+            ctx.records.drop(source.tenant, url, store=ctx.store, grace_s=ctx.settings.grace_s)
+        return UrlResult("opted_out", fetched=int(fetched.status != 304))
     if fetched.status == 304 and prev is not None:
         touched = prev.model_copy(update={"fetched_at": time.time(), "misses": 0})
         return UrlResult("not_modified", touch=(raw, touched))
     return fetched
+
+
+def kept_out(download: Download, ctx: IndexContext) -> str | None:
+    """The rule keeping a page out of the index: `noindex` (or `none`), always; a
+    reservation (`noai`, TDM) unless opt-outs are only reported, then the page is indexed
+    with its mark. A 304 is judged by its headers and its origin's tdmrep.json."""
+    try:
+        found = download_opt_outs(ctx.fetch, download, None)
+    except OptedOut as exc:
+        return exc.rule
+    return found.noindex
 
 
 def index_download(
@@ -242,6 +262,7 @@ def index_download(
         page = extract_page(download, timeout_s=ctx.extract_timeout_s, pdf=ctx.pdf)
     except FetchError:
         return UrlResult("failed", fetched=1)
+    page = marked(page, download_opt_outs(ctx.fetch, download, None))
     if prev is not None and page.content_sha256 == prev.content_sha256:
         validators = {"etag": page.etag, "last_modified": page.last_modified}
         touched = prev.model_copy(update={**validators, "fetched_at": now, "misses": 0})

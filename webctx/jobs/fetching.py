@@ -27,6 +27,7 @@ from webctx.jobs.caches import RememberedFailure
 from webctx.jobs.engine import Engine
 from webctx.jobs.freshness import Freshness, freshness_for, retrieval
 from webctx.jobs.rendering import TO_RENDER, ToRender, always_rendered, render_refusal
+from webctx.jobs.reservations import download_opt_outs, marked, refused_copy
 from webctx.jobs.steps import record_failure
 from webctx.models import Failure, Page, Retrieval
 from webctx.stages.fetch import extract_page
@@ -97,7 +98,8 @@ def _indexed_copy(
         return None
     tenant = engine.jobs.tenant(job_id) or settings.local_tenant
     window = max(max_age_s, time.time() - fresh.not_before)
-    return engine.indexed_copy(tenant, url, window)
+    found = engine.indexed_copy(tenant, url, window)
+    return None if found is None or refused_copy(settings.fetch, found[0]) else found
 
 
 def _cached_page(
@@ -110,7 +112,7 @@ def _cached_page(
     ):
         return None
     page = engine.jobs.page(entry.sha)
-    if page is None:
+    if page is None or refused_copy(engine.settings.fetch, page):  # refused: download anew
         return None
     engine.jobs.add_counts(job_id, pages_reused=1)
     engine.jobs.save_page(job_id, url_id, page, retrieval("cached", entry.fetched_at))
@@ -161,6 +163,7 @@ def _download(
                                             last_modified=entry.last_modified)  # fmt: skip
         else:
             download = engine.fetcher.fetch(url)
+        opted = download_opt_outs(engine.settings.fetch, download, prior)  # raises OptedOut
         if download.status == 304 and prior is not None:
             jobs.add_counts(job_id, pages_revalidated=1)
             page = prior.model_copy(update={"fetched_at": datetime.now(UTC)})
@@ -187,7 +190,8 @@ def _download(
         jobs.add_counts(job_id, pages_downloaded=1)
         stage = "extract" if exc.reason == "extraction" else "fetch"
         cache.remember_failure(url, RememberedFailure(stage, exc.reason, str(exc)))
-        # A refusal of the guard (address, robots.txt) is a decision, not an outage.
+        # A refusal of the guard (address, robots.txt, an opt-out) is a decision, not an
+        # outage.
         if fresh.stale_if_error and not isinstance(exc, BlockedURL):
             stale = _stale_copy(engine, job_id, url_id, url, exc.reason)
             if stale is not None:
@@ -200,6 +204,7 @@ def _download(
         logger.exception("fetch failed", extra={"job_id": job_id, "url": url})
         record_failure(engine, job_id, url_id, url, "fetch", exc)
         return None
+    page = marked(page, opted)
     jobs.save_page(job_id, url_id, page, how)
     cache.remember(url, page)
     return page

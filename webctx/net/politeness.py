@@ -19,17 +19,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import redis
 
-from webctx.net.robots import MAX_PARSE_BYTES, Decision, RobotsFile, parse_robots
+from webctx.net.optouts import TdmRep
+from webctx.net.robots import MAX_PARSE_BYTES, Decision, RobotsFile, parse_robots, product_token
 from webctx.settings import FetchSettings
 
 ROBOTS_MAX_BYTES = MAX_PARSE_BYTES  # RFC 9309: parse at least 500 KiB
 UNREACHABLE_TTL_S = 300.0  # how long a 5xx or unreachable robots.txt blocks its origin
 MAX_CRAWL_DELAY_S = 60.0
 Clock = Callable[[], float]
+T = TypeVar("T")
 _UNREACHABLE = Decision(False, "unreachable (5xx, 429 or no answer), so all disallowed for now")
 
 
@@ -74,27 +76,36 @@ def unreachable_rules(user_agent: str) -> RobotsRules:
     return RobotsRules(None, user_agent, disallow_all=True)
 
 
-class RobotsCache:
-    """robots.txt rules per origin (scheme://host:port), each kept for `ttl_s`."""
+class OriginCache(Generic[T]):
+    """An answer per origin (scheme://host:port), each kept for `ttl_s`."""
 
     def __init__(self, *, ttl_s: float, clock: Clock = time.monotonic) -> None:
         self._ttl_s, self._clock = ttl_s, clock
         self._lock = threading.Lock()
-        self._rules: dict[str, tuple[float, RobotsRules]] = {}
+        self._rules: dict[str, tuple[float, T]] = {}
 
-    def get(self, origin: str) -> RobotsRules | None:
-        """Cached rules, or None when they must be fetched."""
+    def get(self, origin: str) -> T | None:
+        """The cached answer, or None when it must be fetched."""
         with self._lock:
             entry = self._rules.get(origin)
             if entry is None or entry[0] <= self._clock():
                 return None
             return entry[1]
 
-    def put(self, origin: str, rules: RobotsRules) -> None:
-        """Remember `rules` (an unreachable robots.txt only briefly)."""
-        ttl = min(self._ttl_s, UNREACHABLE_TTL_S) if rules.disallow_all else self._ttl_s
+    def put(self, origin: str, rules: T, *, brief: bool = False) -> None:
+        """Remember `rules`; a `brief` answer (the file could not be read) only for
+        `UNREACHABLE_TTL_S`."""
+        ttl = min(self._ttl_s, UNREACHABLE_TTL_S) if brief else self._ttl_s
         with self._lock:
             self._rules[origin] = (self._clock() + ttl, rules)
+
+
+class RobotsCache(OriginCache[RobotsRules]):
+    """robots.txt rules per origin, each kept for `ttl_s` (an unreachable one briefly)."""
+
+    def put(self, origin: str, rules: RobotsRules, *, brief: bool = False) -> None:
+        """Remember `rules` (an unreachable robots.txt only briefly)."""
+        super().put(origin, rules, brief=brief or rules.disallow_all)
 
 
 @dataclass
@@ -249,12 +260,21 @@ def _ms(seconds: float) -> int:
 
 @dataclass
 class Politeness:
-    """What a polite fetcher consults before each request (robots.txt, pace, pauses)."""
+    """What a polite fetcher consults before each request (robots.txt, pace, pauses),
+    and the origins' tdmrep.json it reads along."""
 
     user_agent: str
     respect_robots: bool = True
     robots: RobotsCache = field(default_factory=lambda: RobotsCache(ttl_s=3600.0))
+    product_token: str = ""
+    """The name robots.txt groups are matched against; "" : the User-Agent's first one."""
+    tdmrep: OriginCache[TdmRep] = field(default_factory=lambda: OriginCache(ttl_s=3600.0))
     pacer: Pacer = field(default_factory=lambda: HostPacer(delay_s=1.0, max_backoff_s=300.0))
+
+    @property
+    def agent(self) -> str:
+        """The product token robots.txt rules are matched against."""
+        return self.product_token or product_token(self.user_agent)
 
     @classmethod
     def from_settings(
@@ -273,6 +293,8 @@ class Politeness:
             respect_robots=settings.respect_robots,
             robots=RobotsCache(ttl_s=settings.robots_ttl_s),
             pacer=pacer,
+            product_token=settings.product_token,
+            tdmrep=OriginCache(ttl_s=settings.robots_ttl_s),
         )
 
 

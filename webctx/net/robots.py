@@ -221,7 +221,7 @@ def parse_robots(body: bytes | str) -> RobotsFile:
 
 def _add(group: Group, key: str, value: str, number: int) -> None:
     if key in ("allow", "disallow"):
-        pattern = _pattern(value)
+        pattern = path_pattern(value)
         if pattern:
             text = f"{'Allow' if key == 'allow' else 'Disallow'}: {_printable(value)}"
             group.rules.append(Rule(key == "allow", pattern, number, text))
@@ -236,7 +236,7 @@ def _printable(value: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _pattern(value: str) -> str:
+def path_pattern(value: str) -> str:
     """A rule's value as a normalised pattern; "" for an empty value (no rule)."""
     if not value:
         return ""

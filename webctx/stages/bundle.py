@@ -82,6 +82,7 @@ def _source(number: int, page: Page, how: Retrieval | None) -> BundleSource:
         stale=how.stale if how else False,
         stale_reason=how.stale_reason if how else None,
         flags=text_flags(page.title, page.site, page.author),
+        opt_out=page.opt_out,
     )
 
 
@@ -143,6 +144,8 @@ def _source_line(source: BundleSource) -> str:
     )
     about = [_one_line(source.author) if source.author else "", source.language or "", when,
              _freshness_note(source)]  # fmt: skip
+    if source.opt_out:  # opt-outs reported, not honoured: the reader sees the publisher's word
+        about.append(f"publisher opted out: {_one_line(source.opt_out)} (reported, not honoured)")
     line = f"- [{source.id}] {title} — {source.url} ({'; '.join(a for a in about if a)})"
     return line + flag_note(source.flags)
 
