@@ -32,8 +32,8 @@ class SmallWeb(LoopbackWeb):
     pages: dict[str, SitePage]
 
     def page_hits(self) -> dict[str, int]:
-        """Requests per page path so far (robots.txt left out)."""
-        return {p: n for p, n in self.hits.items() if p != "/robots.txt"}
+        """Requests per page path so far (robots.txt and tdmrep.json left out)."""
+        return {p: n for p, n in self.hits.items() if p in self.pages}
 
 
 @pytest.fixture
