@@ -69,7 +69,11 @@ the local server's page-cache window, 24 h; a broker-backed server downloads ane
 source says `retrieved` (live, revalidated, cached, index) and `checked_at`;
 `max_age=-1` uses stored copies only (no download). With
 `stale_if_error`, a page whose download fails is served from an older copy, marked
-stale."""
+stale.
+
+A page whose publisher opted out (robots.txt, `noai`, a TDM reservation) is not used: it
+is listed in failures with the rule that refused it (`opted_out`, `blocked`). On a server
+that only reports opt-outs, such a source carries `opt_out` (the rule) instead."""
 
 GET_SOURCE_DOC = """Return the stored text and metadata of one source a previous
 web_context call fetched, by its URL or its content_sha256 (both are in the bundle's

@@ -90,6 +90,7 @@ def test_concurrent_fetches_share_one_robots_request_and_follow_rfc_9309(
             assert got[path] is not None and rule in got[path], f"{path}: {got[path]}"
             assert hits[path] == 0  # refused before any request
     assert hits["/robots.txt"] == 1
+    assert hits["/.well-known/tdmrep.json"] == 1  # read alongside, shared the same way
 
 
 def test_the_star_group_binds_an_agent_no_group_names(

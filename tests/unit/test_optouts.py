@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
 from tests.factories import make_page, make_scored
+from webctx.adapters.http_body import kept_headers
 from webctx.errors import OptedOut
 from webctx.jobs.reservations import download_opt_outs, marked, refused_copy
 from webctx.models import BundleStats, Download
@@ -238,3 +240,15 @@ def test_a_reported_opt_out_is_marked_on_its_bundle_source_and_in_the_markdown()
     lines = [line for line in render_markdown(bundle).splitlines() if line.startswith("- [")]
     assert "publisher opted out: X-Robots-Tag: noai (reported, not honoured)" in lines[0]
     assert "opted out" not in lines[1]
+
+
+def test_every_value_of_a_repeated_opt_out_header_is_kept_in_order() -> None:
+    multi = httpx.Headers([("X-Robots-Tag", "googlebot: noindex"), ("Content-Type", "text/html"),
+                           ("x-robots-tag", "noai"), ("TDM-Reservation", "1")])  # fmt: skip
+    expected = [("x-robots-tag", "googlebot: noindex"), ("x-robots-tag", "noai"),
+                ("tdm-reservation", "1")]  # fmt: skip
+    assert kept_headers(multi) == expected
+    # The lean revalidation path joins a repeated header's values by newlines.
+    joined = {"x-robots-tag": "googlebot: noindex\nnoai", "tdm-reservation": "1", "etag": '"x"'}
+    assert kept_headers(joined) == expected
+    assert header_opt_outs(expected, TOKEN).reserved == "X-Robots-Tag: noai"
