@@ -16,14 +16,17 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
-import openai
 
 from webctx.errors import ProviderError, ProviderUnavailable, RateLimited
 from webctx.net.ratelimit import rate_limit_headers, retry_after_s
 from webctx.protocols import Embeddings
+
+if TYPE_CHECKING:
+    import openai
 
 PROVIDER = "openai"
 # Local OpenAI-compatible servers ignore the key, but the client refuses to start without one.
@@ -46,6 +49,8 @@ class OpenAIEmbedder:
     ) -> None:
         self.model = model
         self.dimensions = dimensions
+        import openai  # here, not at the top: ~0.5 s of CPU that processes never embedding skip
+
         self._client = openai.OpenAI(
             base_url=base_url,
             api_key=api_key or _PLACEHOLDER_KEY,
@@ -58,6 +63,8 @@ class OpenAIEmbedder:
         RateLimited (with the 429's headers), ProviderUnavailable, ProviderError."""
         if not texts:
             return Embeddings([])
+        import openai  # already loaded by __init__
+
         body: dict[str, object] = {
             "model": self.model,
             "input": list(texts),
@@ -107,8 +114,10 @@ def _decode(raw: object) -> list[float]:
             raise ValueError("base64 embedding is not whole float32s")
         floats: list[float] = np.frombuffer(data, dtype="<f4").tolist()
         return floats
-    if isinstance(raw, list) and raw and all(
-        isinstance(x, int | float) and not isinstance(x, bool) for x in raw
+    if (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in raw)
     ):
         return [float(x) for x in raw]
     raise ValueError(f"embedding is neither base64 nor a list of numbers: {str(raw)[:40]}")

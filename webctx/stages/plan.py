@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from typing import TYPE_CHECKING
 
-import openai
+if TYPE_CHECKING:  # the client costs ~0.5 s to import: only an LLM planner needs it
+    import openai
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,45 @@
+"""Heavy clients load only in the processes that use them: every worker, CLI command and
+API process starts often (scaling, tests, one CLI call per question), and the OpenAI client
+alone costs about half a second of CPU to import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ["webctx.workers.app", "webctx.workers.tasks"],
+        ["webctx.cli.main", "webctx.workers.pipeline"],
+        ["webctx.api.http"],
+    ],
+)
+def test_starting_a_process_loads_no_openai_client(modules: list[str]) -> None:
+    script = (
+        f"import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"print(json.dumps(sorted(m for m in ('openai', 'torch', 'onnxruntime') "
+        f"if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True)  # fmt: skip
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_openai_embedder_still_reaches_its_endpoint_lazily() -> None:
+    from webctx.adapters.openai_embedder import OpenAIEmbedder
+    from webctx.errors import ProviderUnavailable
+
+    embedder = OpenAIEmbedder(base_url="http://127.0.0.1:9/v1", api_key=None, model="m",
+                              timeout_s=2)  # fmt: skip
+    with pytest.raises(ProviderUnavailable, match="APIConnectionError"):
+        embedder.embed(["x"])
+    embedder.close()
