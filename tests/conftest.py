@@ -161,8 +161,17 @@ class CliProcess:
 
     def stop(self) -> None:
         """SIGTERM (warm shutdown), then SIGKILL the whole process group if needed."""
+        self.terminate()
+        self.wait_stopped()
+
+    def terminate(self) -> None:
+        """Ask for a warm shutdown (SIGTERM to the process group) without waiting."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def wait_stopped(self) -> None:
+        """Wait up to 15 s for the process to end, then SIGKILL its process group."""
+        if self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -196,8 +205,10 @@ def start_worker(tmp_path: Path) -> Iterator[object]:
         return worker
 
     yield start
+    for worker in started:  # all asked at once: their warm shutdowns overlap
+        worker.terminate()
     for worker in started:
-        worker.stop()
+        worker.wait_stopped()
 
 
 def run_cli(
