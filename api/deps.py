@@ -2,7 +2,9 @@
 
 `Runtime` holds the job store and the key store of one process. In broker mode they are
 the broker's Redis and workers run elsewhere; with no broker (`CELERY_BROKER_URL` unset)
-an embedded thread-pool worker runs inside this process, as for `webctx research`.
+they are the Valkey of the data directory's local service, whose workers run the jobs:
+the runtime starts it again if it stopped (idle, or killed) whenever a job is submitted
+or waited on.
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ class Runtime:
         """True unless WEBCTX_API_AUTH=disabled."""
         return self.settings.api_auth == "required"
 
+    def keep_service(self) -> None:
+        """With no broker: make sure the local service runs (and reset its idle clock)."""
+        if self.settings.embedded:
+            from webctx.workers.service_client import ensure_service
+
+            ensure_service(self.settings.data_dir)
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -89,22 +98,9 @@ def check_auth_setting(settings: Settings, host: str) -> None:
 
 
 @contextmanager
-def open_runtime(settings: Settings, *, keys: bool = True) -> Iterator[Runtime]:
-    """The runtime for `settings`, with an embedded worker when no broker is set.
-
-    `keys=False` (stdio MCP) skips the check that API keys can be stored.
-    """
-    if settings.embedded:
-        if keys and settings.api_auth == "required" and not settings.state_url():
-            raise ConfigError(
-                "API keys live in Redis: set WEBCTX_REDIS_URL (or CELERY_BROKER_URL), "
-                "or WEBCTX_API_AUTH=disabled for keyless local use"
-            )
-        from webctx.workers.embedded import embedded_worker
-
-        with embedded_worker(settings) as deps:
-            yield Runtime(settings, deps.stores)
-        return
+def open_runtime(settings: Settings) -> Iterator[Runtime]:
+    """The runtime for `settings`: its stores on the broker's Redis, or with no broker
+    on the local service's Valkey (the service started if none runs)."""
     from webctx.workers.app import job_observers
     from webctx.workers.deps import state_stores
 
@@ -180,6 +176,7 @@ def submit(
     from webctx.workers.pipeline import submit_job
 
     check_request_limits(request, runtime.settings)
+    runtime.keep_service()
     job_id = uuid.uuid4().hex
     limit = runtime.settings.tenant_max_stored_bytes
     # Before the key is claimed: a refused job must not leave a key naming no job.
@@ -229,6 +226,7 @@ async def wait_for_finish(
     last: JobProgress | None = None
     with anyio.move_on_after(timeout_s):
         while True:
+            await anyio.to_thread.run_sync(runtime.keep_service)  # restarted if it died
             progress = await anyio.to_thread.run_sync(runtime.jobs.progress, job_id)
             if on_progress is not None and (last is None or progress != last):
                 await on_progress(progress)

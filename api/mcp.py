@@ -406,7 +406,7 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
         ] = None,
         published_to: Annotated[dt.date | None, Field(description="YYYY-MM-DD, inclusive.")] = None,
     ) -> Annotated[CallToolResult, IndexHits]:
-        from webctx.workers.index_tasks import run_search
+        from webctx.workers.index_client import run_search
 
         runtime = get_runtime()
         caller = await anyio.to_thread.run_sync(caller_for, runtime, ctx.headers)

@@ -56,8 +56,7 @@ def _read_items(path: Path, token_budget: int | None, max_sources: int | None) -
 @contextmanager
 def _batches(settings: Settings) -> Iterator[BatchStore]:
     """The batch store of broker mode (batch state lives in Redis)."""
-    missing = "batch state lives in Redis: set CELERY_BROKER_URL (or WEBCTX_REDIS_URL)"
-    stores = state_stores(settings, missing=missing)
+    stores = state_stores(settings)
     try:
         yield stores.batches
     except WebctxError as exc:
@@ -90,19 +89,6 @@ def submit(
     items = _read_items(file, token_budget, max_sources)  # refused before anything is queued
     settings = get_settings()
     tenant = settings.local_tenant
-    if settings.embedded:
-        if not wait:
-            raise fail("without a broker a batch runs only while `--wait` waits: add --wait")
-        from webctx.workers.embedded import embedded_worker
-
-        try:
-            with embedded_worker(settings) as deps:
-                batch_id, _ = submit_batch(deps.stores.batches, settings, tenant, name, items)
-                typer.echo(batch_id, err=out is None)
-                _wait_and_write(deps.stores.batches, settings, batch_id, out, feed_batch)
-        except WebctxError as exc:
-            raise fail(str(exc), code=1) from exc
-        return
     with _batches(settings) as store:
         batch_id, created = submit_batch(store, settings, tenant, name, items)
         if not created:
@@ -122,6 +108,10 @@ def _wait_and_write(
     price = settings.batch.price_per_1k_tokens
 
     def poll() -> BatchStatus:
+        if settings.embedded:  # the local service restarted if it stopped
+            from webctx.workers.service_client import ensure_service
+
+            ensure_service(settings.data_dir)
         feed(store, settings, batch_id)  # a waiting client also moves the batch (lost ticks)
         return store.status(batch_id, price_per_1k_tokens=price)
 

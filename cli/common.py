@@ -39,11 +39,13 @@ def print_bundle(bundle: Bundle, fmt: OutputFormat) -> None:
     sys.stdout.flush()
 
 
-def state_stores(settings: Settings, *, missing: str) -> StateStores:
-    """The owners of the state Redis's keys in broker mode; exit 2 with the `missing`
-    message when no state Redis is set."""
+def state_stores(settings: Settings) -> StateStores:
+    """The owners of the state Redis's keys: the broker's Redis, or the local service's
+    Valkey (the service started when none runs); exit 1 with the reason when unreachable."""
+    from webctx.errors import WebctxError
     from webctx.workers.deps import state_stores as open_stores
 
-    if not settings.state_url():
-        raise fail(missing)
-    return open_stores(settings)
+    try:
+        return open_stores(settings)
+    except WebctxError as exc:
+        raise fail(str(exc), code=1) from exc

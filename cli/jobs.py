@@ -69,9 +69,13 @@ def research(
     ] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and exit.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds to wait for the job.")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(help="The same key (and request) gives the same job, as the API's header."),
+    ] = None,
 ) -> None:
     """Research a question and print its cited context bundle."""
-    from webctx.workers.pipeline import submit_job
+    from webctx.api.deps import Caller, open_runtime, submit
 
     request = _request(
         question,
@@ -85,39 +89,32 @@ def research(
     settings = get_settings()
     wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
     try:
-        if settings.embedded:
+        # The API's submission: the local tenant, the request limits, the tenant's quota
+        # and the idempotency key; with no broker, the local service runs the job.
+        with open_runtime(settings) as runtime:
+            caller = Caller(tenant=settings.local_tenant)
+            job_id, _ = submit(runtime, caller, request, idempotency_key=idempotency_key)
             if no_wait:
-                raise fail(
-                    "--no-wait needs a broker (CELERY_BROKER_URL); embedded jobs "
-                    "live only as long as this command"
-                )
-            from webctx.workers.embedded import embedded_worker
-
-            with embedded_worker(settings) as deps:
-                job_id = submit_job(deps.jobs, request, timeout_s=settings.job_timeout_s)
-                _wait_and_print(deps.jobs, job_id, format, wait_s)
-            return
-        from webctx.workers.deps import state_stores
-
-        jobs = state_stores(settings).jobs
-        job_id = submit_job(jobs, request, timeout_s=settings.job_timeout_s)
-        if no_wait:
-            typer.echo(job_id)
-            return
-        _wait_and_print(jobs, job_id, format, wait_s)
+                typer.echo(job_id)
+                return
+            _wait_and_print(runtime.jobs, job_id, format, wait_s, keep=runtime.keep_service)
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     except (redis.RedisError, OperationalError) as exc:
         raise fail(f"broker or job state store unreachable: {exc}", code=1) from exc
 
 
-def _poller(jobs: JobStore, job_id: str) -> Callable[[], JobProgress]:
-    """Poll the job's progress; ride out a Redis outage (the wait's timeout bounds it), and
-    say so clearly when Redis came back without the job's state."""
+def _poller(
+    jobs: JobStore, job_id: str, keep: Callable[[], None] = lambda: None
+) -> Callable[[], JobProgress]:
+    """Poll the job's progress (after `keep`: the local service restarted if it stopped);
+    ride out a Redis outage (the wait's timeout bounds it), and say so clearly when Redis
+    came back without the job's state."""
     last = [JobProgress(job_id=job_id, status=JobStatus.QUEUED)]
 
     def poll() -> JobProgress:
         try:
+            keep()
             last[0] = jobs.progress(job_id)
         except JobNotFound as exc:
             raise WebctxError(
@@ -130,10 +127,17 @@ def _poller(jobs: JobStore, job_id: str) -> Callable[[], JobProgress]:
     return poll
 
 
-def _wait_and_print(jobs: JobStore, job_id: str, fmt: OutputFormat, wait_s: float) -> None:
+def _wait_and_print(
+    jobs: JobStore,
+    job_id: str,
+    fmt: OutputFormat,
+    wait_s: float,
+    *,
+    keep: Callable[[], None] = lambda: None,
+) -> None:
     from webctx.cli.progress import wait_for_job
 
-    progress = wait_for_job(_poller(jobs, job_id), timeout_s=wait_s)
+    progress = wait_for_job(_poller(jobs, job_id, keep), timeout_s=wait_s)
     bundle = jobs.bundle(job_id)
     if bundle is not None:
         print_bundle(bundle, fmt)
@@ -142,7 +146,7 @@ def _wait_and_print(jobs: JobStore, job_id: str, fmt: OutputFormat, wait_s: floa
 
 
 def status(job_id: str) -> None:
-    """Print a job's progress as JSON (broker mode)."""
+    """Print a job's progress as JSON."""
     from webctx.workers.deps import state_stores
 
     settings = get_settings()
@@ -157,7 +161,7 @@ def bundle(
     job_id: str,
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
 ) -> None:
-    """Print a finished job's bundle (broker mode)."""
+    """Print a finished job's bundle."""
     from webctx.workers.deps import state_stores
 
     found = state_stores(get_settings()).jobs.bundle(job_id)

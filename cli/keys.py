@@ -15,8 +15,7 @@ keys = typer.Typer(help="Create and revoke API keys (stored hashed in the job st
 
 
 def _tenant_store() -> TenantStore:
-    missing = "API keys live in Redis: set WEBCTX_REDIS_URL or CELERY_BROKER_URL"
-    return state_stores(get_settings(), missing=missing).tenants
+    return state_stores(get_settings()).tenants
 
 
 @keys.command("create")

@@ -9,6 +9,7 @@ import typer
 from webctx.cli import jobs, serve
 from webctx.cli.batch import batch
 from webctx.cli.keys import keys
+from webctx.cli.service import service
 from webctx.cli.sources import search, sources
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -24,6 +25,7 @@ cli.add_typer(batch, name="batch")
 cli.add_typer(keys, name="keys")
 cli.command()(serve.mcp)
 cli.add_typer(sources, name="sources")
+cli.add_typer(service, name="service")
 cli.command("search")(search)
 
 

@@ -91,7 +91,7 @@ def mcp(
 
     settings = get_settings()
     try:
-        with open_runtime(settings, keys=False) as runtime:
+        with open_runtime(settings) as runtime:
             run_stdio(runtime)
     except WebctxError as exc:
         raise fail(str(exc)) from exc

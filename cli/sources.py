@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -12,6 +13,7 @@ from webctx.errors import WebctxError
 from webctx.settings import get_settings
 
 if TYPE_CHECKING:
+    from webctx.settings import Settings
     from webctx.workers.deps import StateStores
 
 sources = typer.Typer(help="Sources of the persistent index, re-indexed on a schedule.")
@@ -19,8 +21,7 @@ TenantOpt = Annotated[str | None, typer.Option(help="Tenant [WEBCTX_LOCAL_TENANT
 
 
 def _index_stores() -> StateStores:
-    missing = "the index lives in Redis: set WEBCTX_REDIS_URL or CELERY_BROKER_URL"
-    return state_stores(get_settings(), missing=missing)
+    return state_stores(get_settings())
 
 
 @sources.command("add")
@@ -39,7 +40,9 @@ def sources_add(
     try:
         check_source_url(get_settings(), url)
         source = _index_stores().sources.add(
-            tenant or get_settings().local_tenant, url, every_s=parse_interval(every),
+            tenant or get_settings().local_tenant,
+            url,
+            every_s=parse_interval(every),
             kind=kind,  # type: ignore[arg-type]
         )
     except WebctxError as exc:
@@ -59,9 +62,11 @@ def sources_list(
         return
     for s in found:
         last = s.last_report
-        typer.echo(f"{s.source_id}  every {s.every_s}s  runs {s.runs}  {s.kind:7}  {s.url}"
-                   f"  fetched {int(last.get('fetched', 0))}"
-                   f" changed {int(last.get('changed', 0) + last.get('added', 0))}")
+        typer.echo(
+            f"{s.source_id}  every {s.every_s}s  runs {s.runs}  {s.kind:7}  {s.url}"
+            f"  fetched {int(last.get('fetched', 0))}"
+            f" changed {int(last.get('changed', 0) + last.get('added', 0))}"
+        )
 
 
 @sources.command("remove")
@@ -73,12 +78,9 @@ def sources_remove(
     source = _index_stores().sources.remove(tenant or settings.local_tenant, ref)
     if source is None:
         raise fail("no such source", code=1)
-    from webctx.workers.index_tasks import forget
+    from webctx.workers.index_client import forget_source
 
-    if settings.embedded:
-        forget.run(source.tenant, source.source_id)
-    else:
-        forget.delay(source.tenant, source.source_id)
+    forget_source(source.tenant, source.source_id)
     typer.echo("removed", err=True)
 
 
@@ -90,7 +92,7 @@ def sources_refresh(
     tenant: TenantOpt = None,
 ) -> None:
     """Re-index now, outside the schedule."""
-    from webctx.workers.index_tasks import start_refresh
+    from webctx.workers.index_client import start_refresh
 
     settings = get_settings()
     stores = _index_stores()
@@ -101,16 +103,23 @@ def sources_refresh(
     if not chosen:
         raise fail("no sources to refresh", code=1)
     try:
-        run_id = start_refresh(settings, stores.runs, name, chosen)
+        run_id = start_refresh(stores.runs, name, chosen)
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     if not wait:
         typer.echo(run_id)
         return
-    status = stores.runs.wait(run_id, timeout_s=timeout)
+    status = stores.runs.wait(run_id, timeout_s=timeout, poll=_keep_service(settings))
     typer.echo(json.dumps(status, indent=2))
     if status is None or status["pending"] > 0:
         raise fail(f"run {run_id} not finished after {timeout:.0f} s", code=1)
+
+
+def _keep_service(settings: Settings) -> Callable[[], object]:
+    """What a waiting client calls each poll: restart the local service if it stopped."""
+    from webctx.workers.service_client import ensure_service
+
+    return lambda: ensure_service(settings.data_dir) if settings.embedded else None
 
 
 def search(
@@ -124,7 +133,7 @@ def search(
     tenant: TenantOpt = None,
 ) -> None:
     """Hybrid (dense + BM25) search of the persistent index."""
-    from webctx.workers.index_tasks import run_search
+    from webctx.workers.index_client import run_search
 
     settings = get_settings()
     _index_stores()

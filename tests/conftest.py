@@ -95,12 +95,31 @@ def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def _leave_state_servers(data_dir: Path) -> None:
-    """Leave the servers this process uses, and kill one still running in `data_dir`."""
+    """Leave the servers this process uses, and kill the local service and the state
+    server still running in `data_dir`."""
     if "webctx.workers.state_server" in sys.modules:
         from webctx.workers.state_server import release_all
 
         release_all()
+    kill_service(data_dir)
     stop_state_server(data_dir)
+
+
+def service_pid(data_dir: Path) -> int | None:
+    """The pid of the local service holding `data_dir`'s lock, if one runs."""
+    try:
+        pid = int((data_dir / "service.lock").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"service\x00run" in cmdline else None
+
+
+def kill_service(data_dir: Path) -> None:
+    """SIGKILL the local service of `data_dir`, if it still runs."""
+    pid = service_pid(data_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
 
 
 def stop_state_server(data_dir: Path) -> None:

@@ -243,6 +243,9 @@ class Settings(BaseSettings):
     job_ttl_s: int = 7 * 24 * 3600
     job_timeout_s: float = 600.0
     worker_concurrency: int = 8
+    service_idle_s: float = Field(default=600.0, ge=0)
+    """The local service (no CELERY_BROKER_URL) exits after this many seconds with no task
+    running, no message queued and no client request (0: it runs until stopped)."""
     visibility_timeout_s: int = 1800
     """Redis broker: an unacked task is redelivered after this, even while it still runs:
     keep it above the task time limit."""
@@ -327,7 +330,8 @@ class Settings(BaseSettings):
 
     @property
     def embedded(self) -> bool:
-        """True when no broker is configured: run everything in this process."""
+        """True when no broker is configured: clients use the data directory's local
+        service (webctx/workers/service.py), started on demand."""
         return not self.broker_url
 
     def state_url(self) -> str | None:

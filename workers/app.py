@@ -25,8 +25,13 @@ from webctx.workers.liveness import Heartbeat
 from webctx.workers.metrics import MetricsObserver, install_worker_signals
 from webctx.workers.policy import StageTask
 
+# No fixups: Celery's one built-in (Django's) imports the whole worker package into every
+# client that only sends tasks.
 app = Celery(
-    "webctx", task_cls=StageTask, include=["webctx.workers.tasks", "webctx.workers.index_tasks"]
+    "webctx",
+    task_cls=StageTask,
+    include=["webctx.workers.tasks", "webctx.workers.index_tasks"],
+    fixups=[],
 )
 app.config_from_object("webctx.workers.celeryconfig")
 install_worker_signals(app)  # stage metrics, job_id/task_id on log lines, optional tracing
@@ -73,6 +78,7 @@ def set_deps(deps: Deps | None) -> None:
     global _deps
     with _deps_lock:
         _deps = deps
+
 
 TOKEN_QUEUES = frozenset({"embed", "store", "rank", REINDEX_QUEUE})
 """Queues whose tasks count tokens: chunking, embedding (the question too), re-indexing."""
@@ -224,7 +230,7 @@ def make_heartbeat() -> list[Heartbeat]:
     """On a Redis broker, this worker's heartbeat (webctx/workers/liveness.py), recording
     from now on, before the worker consumes, so every message it takes is in its held set."""
     lost_after = get_settings().worker_lost_after_s
-    if not str(app.conf.broker_url).startswith("redis://") or lost_after <= 0:
+    if not str(app.conf.broker_url).startswith(("redis://", "webctx+socket://")) or lost_after <= 0:
         return []
     heartbeat = Heartbeat(app.connection_for_write, lost_after_s=lost_after)
     heartbeat.record()

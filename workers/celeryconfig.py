@@ -1,26 +1,35 @@
 """Celery settings, read from webctx's one Settings object.
 
-With no broker configured the app runs on kombu's in-memory transport inside the
-`webctx research` process (the embedded default).
+With no broker configured the broker is the Valkey of the data directory's local service
+(webctx/workers/service.py), on its unix socket.
 """
 
 from kombu.entity import Exchange, Queue
+from kombu.transport import TRANSPORT_ALIASES
 
 from webctx.errors import ConfigError
 from webctx.keys import KeyFamily
 from webctx.settings import get_settings
+from webctx.workers.service_client import broker_url as local_broker_url
 
 _settings = get_settings()
 
-broker_url = _settings.broker_url or "memory://localhost/"
+# kombu takes the transport from a `<transport>+socket://` URL's prefix and ignores
+# `broker_transport`; with the transport named and a bare `socket://` URL it reads the
+# path as a database. So the fixed transport gets an alias of its own for the socket.
+TRANSPORT_ALIASES.setdefault("webctx", "webctx.workers.broker:RedisTransport")
+broker_url = _settings.broker_url or "webctx+" + local_broker_url(_settings.data_dir)
 if broker_url.startswith("redis://"):
     # kombu's Redis transport, fixed so workers survive a Redis restart (workers/broker.py).
     broker_transport = "webctx.workers.broker:RedisTransport"
-result_backend = _settings.result_backend or (
-    _settings.broker_url
-    if _settings.broker_url and _settings.broker_url.startswith("redis")
-    else "cache+memory://"
-)
+if _settings.result_backend:
+    result_backend = _settings.result_backend
+elif broker_url.startswith("redis"):
+    result_backend = broker_url
+elif broker_url.startswith("webctx+socket://"):
+    result_backend = "redis+" + broker_url.removeprefix("webctx+")
+else:
+    result_backend = "cache+memory://"
 
 # Tasks are idempotent, so they ack late and are redelivered when a worker dies: acks_late
 # alone does not requeue a task whose pool child was SIGKILLed or OOM-killed, hence
@@ -55,10 +64,6 @@ broker_transport_options = {
     # polls each queue's priority-0 list (interactive jobs) before the others.
     "priority_steps": [0, 3, 6, 9],
 }
-if broker_url.startswith("memory://"):
-    # The in-process broker is polled; kombu's 1 s default costs up to a second at every
-    # stage hand-off of an embedded job.
-    broker_transport_options["polling_interval"] = 0.05
 result_backend_transport_options = {"visibility_timeout": _VISIBILITY_S}
 visibility_timeout = _VISIBILITY_S
 task_time_limit = _settings.task_time_limit_s

@@ -65,6 +65,13 @@ class StateStores:
         """The marks of pages stored in the vector store `scope` names, on the same client."""
         return StoredPages(self._client, ttl_s=ttl_s, scope=scope)
 
+    def queued(self, queues: Sequence[str]) -> int:
+        """Messages waiting in these broker lists (the local service's idle check)."""
+        pipe = self._client.pipeline(transaction=False)
+        for name in queues:
+            pipe.llen(name)
+        return sum(int(n) for n in pipe.execute())
+
     def close(self) -> None:
         """Close the client they share."""
         self.jobs.close()
@@ -118,16 +125,21 @@ class Deps:
 
 
 def state_url(settings: Settings) -> str:
-    """The state Redis's URL: the configured one, else (the embedded default) the data
-    directory's own Valkey server, started on first use (webctx/workers/state_server.py)."""
+    """The state Redis's URL: the configured one, else the Valkey of the data directory's
+    local service (webctx/workers/service.py), which is started when none runs; inside the
+    service, its own Valkey (webctx/workers/state_server.py)."""
     url = settings.state_url()
     if url:
         return url
     if not settings.embedded:
         raise ConfigError("a broker other than Redis needs a Redis job store: set WEBCTX_REDIS_URL")
-    from webctx.workers.state_server import state_server_url
+    from webctx.workers.service_client import ensure_service, in_service_process
 
-    return state_server_url(settings.data_dir)
+    if in_service_process():
+        from webctx.workers.state_server import state_server_url
+
+        return state_server_url(settings.data_dir)
+    return ensure_service(settings.data_dir).state_url
 
 
 def state_client(settings: Settings) -> redis.Redis:

@@ -31,7 +31,7 @@ async def search(
     published_to: Annotated[dt.date | None, Query(description="Published on/before.")] = None,
 ) -> list[IndexHit]:
     """The best chunks of the caller's indexed pages for `q`, with their pages' metadata."""
-    from webctx.workers.index_tasks import run_search
+    from webctx.workers.index_client import run_search
 
     filters = {
         "site": site,

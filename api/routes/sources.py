@@ -67,31 +67,26 @@ async def list_sources(runtime: RuntimeDep, caller: CallerDep) -> list[Source]:
 @router.delete("/sources/{source_id}", status_code=204, responses=ERRORS)
 async def remove_source(source_id: SourceRef, runtime: RuntimeDep, caller: CallerDep) -> Response:
     """Unregister a source; its pages leave the index."""
-    from webctx.workers.index_tasks import forget
+    from webctx.workers.index_client import forget_source
 
-    source = await anyio.to_thread.run_sync(
-        runtime.stores.sources.remove, caller.tenant, source_id
-    )
+    source = await anyio.to_thread.run_sync(runtime.stores.sources.remove, caller.tenant, source_id)
     if source is None:
         raise JobNotFound(source_id)
-    if runtime.settings.embedded:
-        await anyio.to_thread.run_sync(forget.run, source.tenant, source.source_id)
-    else:
-        await anyio.to_thread.run_sync(lambda: forget.delay(source.tenant, source.source_id))
+    await anyio.to_thread.run_sync(lambda: forget_source(source.tenant, source.source_id))
     return Response(status_code=204)
 
 
 @router.post("/sources/refresh", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)
 async def refresh_sources(body: RefreshIn, runtime: RuntimeDep, caller: CallerDep) -> RunOut:
     """Re-index now, outside the schedule; poll the run for the reports."""
-    from webctx.workers.index_tasks import start_refresh
+    from webctx.workers.index_client import start_refresh
 
     stores = runtime.stores
     chosen = await anyio.to_thread.run_sync(stores.sources.list_for, caller.tenant)
     if body.source_ids:
         chosen = [s for s in chosen if s.source_id in set(body.source_ids)]
     run_id = await anyio.to_thread.run_sync(
-        lambda: start_refresh(runtime.settings, stores.runs, caller.tenant, chosen)
+        lambda: start_refresh(stores.runs, caller.tenant, chosen)
     )
     found = await anyio.to_thread.run_sync(stores.runs.status, run_id)
     return RunOut.model_validate(found or {"run_id": run_id, "pending": 0})

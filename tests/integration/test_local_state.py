@@ -1,20 +1,17 @@
-"""The embedded default keeps its state in the user's data directory, on a real Valkey
-server started as a child process: a second `webctx research` downloads and embeds
-nothing, no client writes into the folder it was started in, and a crashed run leaves
-nothing that blocks the next one."""
+"""The default setup keeps its state in the user's data directory, on the local service's
+Valkey: a second `webctx research` (a new process) downloads and embeds nothing, and no
+client writes into the folder it was started in. (Crashes and restarts of the service:
+tests/integration/test_service.py.)"""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.conftest import ROOT, clean_env
+from tests.conftest import clean_env, service_pid
 from tests.testweb import LoopbackWeb
-from webctx.adapters.edge_store import EdgeVectorStore
 from webctx.models import Bundle
 
 QUESTION = "how do lithium-ion batteries degrade?"
@@ -71,58 +68,4 @@ def test_a_second_research_run_downloads_and_embeds_nothing_and_writes_nothing_i
     assert list(cwd.iterdir()) == []
     assert (data_dir / "qdrant").is_dir()
     assert (data_dir / "valkey" / "appendonlydir").is_dir()
-    assert _server_pid(data_dir) is None  # stopped with the run that started it
-
-
-def test_a_run_after_a_crash_recovers_the_server_and_its_state(
-    test_web: LoopbackWeb, tmp_path: Path, data_dir: Path
-) -> None:
-    env = clean_env(**test_web.env())
-    log = (tmp_path / "killed.log").open("wb")
-    killed = subprocess.Popen(
-        [sys.executable, "-m", "webctx.cli", "research", QUESTION, "--max-sources", "6"],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while _server_pid(data_dir) is None and time.monotonic() < deadline:
-        assert killed.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-        time.sleep(0.05)
-    server = _server_pid(data_dir)
-    assert server is not None
-    os.killpg(killed.pid, signal.SIGKILL)  # the starter dies; its server (own session) lives
-    killed.wait(timeout=10)
-    log.close()
-    assert _server_pid(data_dir) == server
-    reused = _research(env, tmp_path)
-    assert reused.returncode == 0, reused.stderr[-3000:]
-    assert _server_pid(data_dir) is None  # the last one out stopped it
-    # A crash of both leaves a socket and a pid file that nothing answers on.
-    again = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    (data_dir / "valkey" / "valkey.sock").touch()
-    (data_dir / "valkey" / "valkey.pid").write_text(f"{again.pid}\n")  # a live, wrong pid
-    try:
-        hits = dict(test_web.hits)
-        recovered = _research(env, tmp_path)
-    finally:
-        again.kill()
-        again.wait()
-    assert recovered.returncode == 0, recovered.stderr[-3000:]
-    assert _pages(test_web, hits) == 0  # the state came back from the append-only file
-    assert Bundle.model_validate_json(recovered.stdout).stats.tokens_embedded == 0
-
-
-def test_a_run_while_another_process_holds_the_store_uses_a_temporary_one(
-    test_web: LoopbackWeb, tmp_path: Path, data_dir: Path
-) -> None:
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    env = clean_env(**test_web.env(), TMPDIR=str(scratch))
-    holder = EdgeVectorStore(data_dir / "qdrant")  # another local client, still running
-    try:
-        done = _research(env, tmp_path)
-    finally:
-        holder.close()
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "this run uses a temporary one" in done.stderr
-    assert Bundle.model_validate_json(done.stdout).chunks
-    assert list(scratch.iterdir()) == []  # the temporary store is gone with the run
+    assert service_pid(data_dir) is not None  # the local service keeps them for the next client

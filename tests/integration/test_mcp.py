@@ -1,6 +1,6 @@
-"""The MCP server through the SDK's own client: over stdio (`webctx mcp`, embedded
-worker) and over streamable HTTP (/mcp of the API app, API keys), against loopback webs;
-and through the clients people use: the TypeScript SDK (what Claude Code and Cursor build
+"""The MCP server through the SDK's own client: over stdio (`webctx mcp`, through the
+local service) and over streamable HTTP (/mcp of the API app, API keys), against loopback
+webs; and through the clients people use: the TypeScript SDK (what Claude Code and Cursor build
 on) and the MCP Inspector's CLI, installed by scripts/mcp-clients (skipped without them)."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def test_mcp_over_http_refuses_missing_or_bad_keys(
     assert resp.status_code == 401 and resp.json()["error"] == "unauthorized"
 
 
-async def test_mcp_over_stdio_answers_with_the_embedded_worker(
+async def test_mcp_over_stdio_answers_through_the_local_service(
     test_web: LoopbackWeb, tmp_path: Path
 ) -> None:
     env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))

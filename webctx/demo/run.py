@@ -1,4 +1,4 @@
-"""`webctx demo`: run one research job on the embedded default against the demo web,
+"""`webctx demo`: run one research job through a local service against the demo web,
 print the bundle, and check every citation against the page as served."""
 
 from __future__ import annotations
@@ -67,7 +67,13 @@ def run_demo(question: str, *, fmt: str = "markdown") -> int:
             "--token-budget",
             "1500",
         ]
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=False)
+        try:
+            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=False)
+        finally:
+            # The research ran through the demo directory's local service, started with the
+            # demo web's settings: stop it with the web (its files go with the directory).
+            stop = [sys.executable, "-m", "webctx.cli", "service", "stop"]
+            subprocess.run(stop, env=env, capture_output=True, check=False)
         if done.returncode != 0 or not done.stdout.strip():
             sys.stderr.write(f"demo: research exited {done.returncode}\n")
             return done.returncode or 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import redis
@@ -77,11 +77,16 @@ class RefreshRuns:
         return {"run_id": run_id, "pending": int(raw["pending"]), "tenant": raw.get("tenant", ""),
                 "sources": reports}  # fmt: skip
 
-    def wait(self, run_id: str, *, timeout_s: float) -> dict[str, Any] | None:
-        """Poll a manual run until every source reported or `timeout_s` passed."""
+    def wait(
+        self, run_id: str, *, timeout_s: float, poll: Callable[[], object] | None = None
+    ) -> dict[str, Any] | None:
+        """Poll a manual run until every source reported or `timeout_s` passed; `poll` is
+        called before each look (the local service kept running)."""
         deadline = time.monotonic() + timeout_s
         status = self.status(run_id)
         while status is not None and status["pending"] > 0 and time.monotonic() < deadline:
             time.sleep(0.2)
+            if poll is not None:
+                poll()
             status = self.status(run_id)
         return status

@@ -8,12 +8,16 @@ listing the tenant's pages. Both halves rank by point id alone; only the fused t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, Field
 
-from webctx.index.refresh import IndexContext
 from webctx.stages.embed import embed_texts
 from webctx.stages.instructions import text_flags
 from webctx.stages.rank import ranks_in_order, rrf
+
+if TYPE_CHECKING:  # the index's re-index code (and trafilatura) stays out of clients
+    from webctx.index.refresh import IndexContext
 
 RRF_K = 60
 """The index's fusion constant: the paper's 60 (Cormack et al. 2009). The job rank's 30

@@ -1,0 +1,240 @@
+"""One local service per data directory, started by whichever client needs it: MCP
+servers, the CLI and the API share it; it survives SIGKILL (the next client starts
+another, which finishes the job), exits when idle, and needs no configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import Client, StdioServerParameters
+
+from tests.conftest import ROOT, CliProcess, clean_env, run_cli, service_pid
+from tests.integration.conftest import ApiProcess
+from tests.testweb import LoopbackWeb
+from webctx.models import Bundle
+
+QUESTION = "how do lithium-ion batteries degrade?"
+ARGS = {"question": QUESTION, "max_sources": 6, "top_k": 5, "token_budget": 800, "wait_s": 110}
+PAGE = "/energy-notes/sei-growth.html"
+
+
+def _env(web: LoopbackWeb, **extra: str) -> dict[str, str]:
+    # A killed service's tasks come back 3-4 s after its last beat, not 30-40 s.
+    return clean_env(**web.env(), WEBCTX_WORKER_LOST_AFTER_S="3", **extra)
+
+
+def _services(data_dir: Path) -> list[int]:
+    """Pids of every `webctx service run` process working in `data_dir`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            cwd = os.readlink(proc / "cwd")
+        except (OSError, ValueError):
+            continue
+        if b"service\x00run" in cmdline and Path(cwd) == data_dir.resolve():
+            found.append(int(proc.name))
+    return found
+
+
+def _valkey_pid(data_dir: Path) -> int | None:
+    try:
+        pid = int((data_dir / "valkey" / "valkey.pid").read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def _wait_for(check: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_four_mcp_servers_in_one_folder_share_one_service_and_download_each_page_once(
+    test_web: LoopbackWeb, data_dir: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    params = StdioServerParameters(command=sys.executable, args=["-m", "webctx.cli", "mcp"],
+                                   env=_env(test_web), cwd=str(folder))  # fmt: skip
+    before = dict(test_web.hits)
+    results: list[Any] = []
+
+    async def ask() -> None:
+        async with Client(params, read_timeout_seconds=150) as client:
+            results.append(await client.call_tool("web_context", ARGS))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(4):
+            group.start_soon(ask)
+    assert len(results) == 4 and not any(r.is_error for r in results), results
+    bundles = [Bundle.model_validate(r.structured_content) for r in results]
+    assert all(b.chunks for b in bundles)
+    downloads = {path: n - before.get(path, 0) for path, n in test_web.hits.items()}
+    assert max(downloads.values()) == 1, downloads  # each page (and robots.txt) once in all
+    assert len(_services(data_dir)) == 1
+    log = (data_dir / "service.log").read_text()
+    assert log.count("service listening") == 1 and "already runs" not in log
+    assert list(folder.iterdir()) == []  # nothing written where the clients started
+
+    # A new MCP server (the IDE restarted) finds what the others stored.
+    async with Client(params, read_timeout_seconds=60) as client:
+        source = await client.call_tool("get_source", {"ref": bundles[0].sources[0].url})
+    assert not source.is_error, source.content
+    assert source.structured_content["content_sha256"] == bundles[0].sources[0].content_sha256
+
+
+def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_job_ends(
+    test_web: LoopbackWeb, data_dir: Path
+) -> None:
+    env = _env(test_web)
+    submitted = run_cli(env, "research", QUESTION, "--max-sources", "8", "--no-wait")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job_id = submitted.stdout.strip()
+    first = service_pid(data_dir)
+    assert first is not None
+
+    def fetched() -> dict[str, Any] | None:
+        status = json.loads(run_cli(env, "status", job_id).stdout)
+        return status if status["fetched"] >= 1 else None
+
+    at_kill = _wait_for(fetched, 60, "a page fetched")
+    os.kill(first, signal.SIGKILL)  # its lock, address file and Valkey stay behind
+    _wait_for(lambda: service_pid(data_dir) is None, 10, "the service gone")
+    assert (data_dir / "service.json").exists() and _valkey_pid(data_dir) is not None
+
+    def finished() -> dict[str, Any] | None:
+        status = json.loads(run_cli(env, "status", job_id).stdout)  # each call: a client
+        return status if status["status"] in ("succeeded", "failed") else None
+
+    status = _wait_for(finished, 90, "the job to end")
+    second = service_pid(data_dir)
+    assert second is not None and second != first
+    if status["status"] == "failed":
+        assert status["error"]
+    else:
+        shown = run_cli(env, "bundle", job_id)
+        bundle = Bundle.model_validate_json(shown.stdout)
+        assert bundle.chunks  # ranked from the reopened store
+    assert status["fetched"] >= at_kill["fetched"]  # no page fetched before the kill is lost
+    assert status["fetched"] + status["failed"] >= status["urls"]
+
+
+def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
+    data_dir: Path,
+) -> None:
+    env = clean_env(WEBCTX_EMBEDDING_PROVIDER="hash", WEBCTX_SERVICE_IDLE_S="1")
+    started = run_cli(env, "service", "start")
+    assert started.returncode == 0, started.stderr[-3000:]
+    first = json.loads(started.stdout)["pid"]
+    valkey = _valkey_pid(data_dir)
+    assert valkey is not None
+    os.kill(first, signal.SIGKILL)
+    os.kill(valkey, signal.SIGKILL)  # both gone: a lock file, an address, a dead socket left
+    _wait_for(lambda: service_pid(data_dir) is None and _valkey_pid(data_dir) is None, 10, "kill")
+    assert (data_dir / "service.lock").exists() and (data_dir / "service.json").exists()
+    again = run_cli(env, "service", "start")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)["pid"] != first
+    assert run_cli(env, "service", "status").returncode == 0
+    # Idle for a second (no task, no queued message, no request): it exits, and its
+    # Valkey with it (no client is connected).
+    _wait_for(lambda: service_pid(data_dir) is None, 30, "the idle exit")
+    _wait_for(lambda: _valkey_pid(data_dir) is None, 10, "Valkey stopped")
+    assert not (data_dir / "service.json").exists()
+    assert run_cli(env, "service", "status").returncode == 1
+
+
+def test_with_no_configuration_the_api_serves_with_keys_and_the_index_works(
+    test_web: LoopbackWeb, data_dir: Path, tmp_path: Path
+) -> None:
+    env = _env(test_web)
+    created = run_cli(env, "keys", "create", "--tenant", "alpha")
+    assert created.returncode == 0, created.stderr[-3000:]
+    key = created.stdout.strip()
+    page = test_web.site.url + PAGE
+    assert run_cli(env, "sources", "add", page, "--tenant", "alpha").returncode == 0
+    refreshed = run_cli(env, "sources", "refresh", "--wait", "--timeout", "120",
+                        "--tenant", "alpha")  # fmt: skip
+    assert refreshed.returncode == 0, refreshed.stderr[-3000:]
+    found = run_cli(env, "search", "SEI growth", "--format", "json", "--tenant", "alpha")
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert page in {hit["url"] for hit in json.loads(found.stdout)}
+    api = ApiProcess(env, log=tmp_path / "api.log")
+    try:
+        api.wait_ready()
+        listed = httpx.get(api.url + "/v1/sources", headers={"Authorization": f"Bearer {key}"})
+        assert listed.status_code == 200 and [s["url"] for s in listed.json()] == [page]
+        assert httpx.get(api.url + "/v1/sources").status_code == 401
+    finally:
+        api.stop()
+    assert len(_services(data_dir)) == 1
+
+
+def test_a_batch_waiting_client_resumes_it_after_the_service_restarts(
+    test_web: LoopbackWeb, data_dir: Path, tmp_path: Path
+) -> None:
+    env = _env(test_web)
+    items = tmp_path / "q.jsonl"
+    questions = [QUESTION, "what limits fast charging of batteries?"]
+    items.write_text("".join(json.dumps({"id": f"q{n}", "question": q}) + "\n"
+                             for n, q in enumerate(questions)))  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    waiting = CliProcess(env, ["batch", "submit", str(items), "--name", "restart",
+                               "--max-sources", "3", "--wait", "--out", str(out)],
+                         log=tmp_path / "batch.log")  # fmt: skip
+    try:
+        first = _wait_for(lambda: service_pid(data_dir), 60, "the service")
+        _wait_for(lambda: b"running" in waiting.log.read_bytes(), 60, "the batch running")
+        stopped = run_cli(env, "service", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert waiting.proc.wait(timeout=120) == 0, waiting.log.read_text()[-3000:]
+    finally:
+        waiting.stop()
+    assert service_pid(data_dir) not in (None, first)  # started again by the waiting client
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["id"] for r in results) == ["q0", "q1"]
+
+
+def test_the_client_modules_load_no_model_no_engine_and_no_worker() -> None:
+    client_modules = ["webctx.cli.main", "webctx.api.mcp", "webctx.api.http",
+                      "webctx.workers.service_client", "webctx.workers.index_client",
+                      "webctx.workers.pipeline"]  # fmt: skip
+    heavy = (
+        "torch",
+        "onnxruntime",
+        "sentence_transformers",
+        "qdrant_edge",
+        "qdrant_client",
+        "trafilatura",
+        "playwright",
+        "celery.worker",
+        "celery.concurrency",
+        "celery.apps",
+    )
+    code = (f"import importlib, json, sys\n"
+            f"for m in {client_modules!r}: importlib.import_module(m)\n"
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} "
+            f"or m.startswith({heavy!r}))))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == []

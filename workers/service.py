@@ -1,0 +1,162 @@
+"""The local service (`webctx service run`): one per data directory, started by the first
+local client that finds none (webctx/workers/service_client.py).
+
+It owns what admits one process or should be shared: the embedded Valkey (the job store,
+the caches, the index's records, and the Celery broker), the embedded vector store, and
+the worker pool, which is `webctx worker` itself (a thread pool consuming every queue from
+the Valkey socket) plus Celery beat's schedule (the index's re-index ticks) in a thread.
+It exits after `WEBCTX_SERVICE_IDLE_S` with no task running, no message queued and no
+client request (clients touch its address file at every request).
+
+Started twice for one data directory, the second finds the lock held and exits 0. Killed
+(even by SIGKILL), it leaves its lock free, and the next client starts a new one, which
+reuses the Valkey still running, reopens the vector store, and requeues the dead worker's
+unacked tasks after `WEBCTX_WORKER_LOST_AFTER_S` (webctx/workers/liveness.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from webctx.settings import Settings
+from webctx.workers.service_client import ADDRESS_FILE, LOCK_FILE, mark_service_process
+
+logger = logging.getLogger("webctx.service")
+
+PRIORITY_SEP = "\x06\x16"  # kombu's separator of a queue's priority lists
+
+
+def run_service(settings: Settings) -> int:
+    """Serve until idle or stopped; the exit code (0 also when another service runs)."""
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        logger.info("a service already runs for this data directory", extra={"dir": str(data_dir)})
+        return 0
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, str(os.getpid()).encode(), 0)
+    address = data_dir / ADDRESS_FILE
+    address.unlink(missing_ok=True)  # a dead service's, if any
+    mark_service_process()
+    from webctx.workers.state_server import state_server_url
+
+    socket = state_server_url(data_dir).removeprefix("unix://").split("?")[0]
+    temp = address.with_suffix(".tmp")
+    temp.write_text(json.dumps({"pid": os.getpid(), "socket": socket, "started": time.time()}))
+    temp.replace(address)  # clients see a whole file or none
+    logger.info("service listening", extra={"socket": socket, "pid": os.getpid()})
+    try:
+        return _run_worker(settings, address)
+    finally:
+        if _owns(address):
+            address.unlink(missing_ok=True)
+
+
+def _owns(address: Path) -> bool:
+    try:
+        return int(json.loads(address.read_text())["pid"]) == os.getpid()
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _run_worker(settings: Settings, address: Path) -> int:
+    """`webctx worker` on every queue, in this process, with beat and the idle clock."""
+    from celery import signals
+    from celery.bin.celery import celery as celery_cli
+
+    from webctx.workers.app import app
+
+    hostname = f"service-{os.getpid()}@webctx"
+    idle = IdleClock(address, idle_s=settings.service_idle_s)
+    beat: list[Any] = []
+
+    def started(**_: Any) -> None:
+        from celery.beat import EmbeddedService
+
+        service = EmbeddedService(app, thread=True, scheduler_cls="celery.beat:Scheduler")
+        service.start()
+        beat.append(service)
+        if settings.service_idle_s > 0:
+            threading.Thread(target=idle.watch, args=(_queued,), daemon=True,
+                             name="service-idle").start()  # fmt: skip
+
+    def stopping(**_: Any) -> None:
+        for service in beat:
+            service.stop()
+
+    signals.worker_ready.connect(started, weak=False)
+    signals.worker_shutdown.connect(stopping, weak=False)
+    signals.task_prerun.connect(idle.busy, weak=False)
+    signals.task_postrun.connect(idle.busy, weak=False)
+    args = ["worker", "--pool", "threads", "--concurrency", str(settings.worker_concurrency),
+            "--hostname", hostname, "--without-mingle", "--without-gossip",
+            "--loglevel", settings.log_level]  # fmt: skip
+    celery_cli.params[0].default = app
+    code = celery_cli.main(args=args, standalone_mode=False)
+    return int(code or 0)
+
+
+def _queued() -> int:
+    """Messages waiting in the service's queues (every priority list of each)."""
+    from webctx.workers.app import app, worker_deps
+
+    names = [q.name for q in app.conf.task_queues]
+    steps = app.conf.broker_transport_options.get("priority_steps", [0])
+    lists = [n if step == 0 else f"{n}{PRIORITY_SEP}{step}" for n in names for step in steps]
+    return worker_deps().stores.queued(lists)
+
+
+class IdleClock:
+    """When the service last had work or a request, and the exit once it has been idle."""
+
+    def __init__(self, address: Path, *, idle_s: float) -> None:
+        self.address = address
+        self.idle_s = idle_s
+        self._last_busy = time.time()
+
+    def busy(self, **_: Any) -> None:
+        """A task started or ended."""
+        self._last_busy = time.time()
+
+    def last_activity(self) -> float:
+        """The latest of: a task's start or end, a client's request."""
+        try:
+            touched = self.address.stat().st_mtime
+        except OSError:
+            touched = 0.0
+        return max(self._last_busy, touched)
+
+    def watch(self, queued: Any) -> None:
+        """Stop the worker (as SIGTERM does) once idle for `idle_s`."""
+        from celery.worker import state
+
+        interval = max(0.2, min(5.0, self.idle_s / 5))
+        while True:
+            time.sleep(interval)
+            if state.active_requests:
+                self.busy()
+                continue
+            if time.time() - self.last_activity() < self.idle_s:
+                continue
+            try:
+                waiting = queued()
+            except Exception:  # Valkey gone: nothing to serve
+                logger.warning("service: queue lengths unreadable", exc_info=True)
+                waiting = 0
+            if waiting:
+                self.busy()
+                continue
+            logger.info("service idle: exiting", extra={"idle_s": self.idle_s})
+            os.kill(os.getpid(), signal.SIGTERM)
+            return

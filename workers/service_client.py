@@ -1,0 +1,216 @@
+"""A local client's way to the local service (`webctx service run`, webctx/workers/service.py):
+find the one running for the data directory, or start it, detached.
+
+Every local client of the default setup (no CELERY_BROKER_URL) talks to the service's
+Valkey: the job store, the caches and the index live there, and so do the Celery queues
+its worker consumes. So a client needs only the socket: it imports no model, no vector
+engine and no Celery worker (tests/integration/test_service.py checks `sys.modules`).
+
+Files in the data directory:
+- `service.lock`: the service holds an exclusive `flock` on it for its whole life; the
+  kernel drops it when the process dies, even by SIGKILL, so a free lock means no service,
+  whatever files a dead one left behind.
+- `service.json`: its pid and socket, written once its Valkey answers; a client touches it
+  at every request (its modification time is the service's idle clock).
+- `service-start.lock`: held by the client that starts a service, so several clients
+  starting at once start one.
+- `service.log`: the service's output.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from webctx.errors import ConfigError
+
+LOCK_FILE = "service.lock"
+ADDRESS_FILE = "service.json"
+START_LOCK_FILE = "service-start.lock"
+LOG_FILE = "service.log"
+START_TIMEOUT_S = 60.0
+PRESENCE_PREFIX = "webctx:"
+"""A client's connection name on the service's Valkey: the service's Valkey is shut down
+only when no such connection is left (webctx/workers/state_server.py)."""
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """A running service: its pid and the Valkey socket it serves on."""
+
+    pid: int
+    socket: str
+
+    @property
+    def state_url(self) -> str:
+        """The redis-py URL of its Valkey (database 0)."""
+        return f"unix://{self.socket}?db=0"
+
+
+_in_service = False
+_presence: dict[Path, redis.Redis] = {}
+_children: list[subprocess.Popen[bytes]] = []
+_lock = threading.Lock()
+
+
+def mark_service_process() -> None:
+    """This process is the service: it serves the state itself, never asks for it."""
+    global _in_service
+    _in_service = True
+
+
+def in_service_process() -> bool:
+    """True inside `webctx service run`."""
+    return _in_service
+
+
+def broker_url(data_dir: Path) -> str:
+    """The Celery broker URL of the data directory's service (its Valkey's socket): a pure
+    function of the directory, so the Celery config needs no running service."""
+    from webctx.workers.state_server import socket_path
+
+    return f"socket://{socket_path((data_dir / 'valkey').resolve())}"
+
+
+def running_service(data_dir: Path) -> ServiceInfo | None:
+    """The service of `data_dir` when one holds the lock and has written its address."""
+    state = _probe(data_dir)
+    return state if isinstance(state, ServiceInfo) else None
+
+
+def ensure_service(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) -> ServiceInfo:
+    """The running service of `data_dir`, started (detached) when none holds its lock; its
+    idle clock is reset. Safe when many clients call it at once: one service starts."""
+    with _lock:
+        for child in list(_children):  # reap services this process started that exited
+            if child.poll() is not None:
+                _children.remove(child)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    started: subprocess.Popen[bytes] | None = None
+    while True:
+        state = _probe(data_dir)
+        if isinstance(state, ServiceInfo):
+            _touch(data_dir)
+            _be_present(data_dir, state)
+            return state
+        if state == "free" and started is None:
+            started = _start_once(data_dir)
+        if started is not None and started.poll() not in (None, 0):
+            raise ConfigError(f"the local service did not start: {_log_tail(data_dir)}")
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the local service did not answer in {timeout_s:g} s: "
+                              f"{_log_tail(data_dir)}")  # fmt: skip
+        time.sleep(0.01)
+
+
+def stop_service(data_dir: Path, *, timeout_s: float = 30.0) -> int | None:
+    """Stop the service of `data_dir` (SIGTERM: it finishes its running tasks' hand-off and
+    leaves its queued ones in Valkey); its pid, or None when none ran."""
+    info = running_service(data_dir)
+    if info is None:
+        return None
+    os.kill(info.pid, 15)
+    deadline = time.monotonic() + timeout_s
+    while _probe(data_dir) != "free" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _probe(data_dir) != "free":
+        os.kill(info.pid, 9)
+    return info.pid
+
+
+def _probe(data_dir: Path) -> ServiceInfo | str:
+    """ "free" (no service holds the lock), "starting" (held, no address yet) or the info."""
+    try:
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return "free"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # held: a service runs
+    else:
+        return "free"  # closing the fd drops the lock we took
+    finally:
+        os.close(fd)
+    try:
+        info = json.loads((data_dir / ADDRESS_FILE).read_text())
+        service = ServiceInfo(pid=int(info["pid"]), socket=str(info["socket"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return "starting"
+    return service if Path(f"/proc/{service.pid}").exists() else "starting"
+
+
+def _start_once(data_dir: Path) -> subprocess.Popen[bytes] | None:
+    """Start a service unless another client did while we waited for the start lock."""
+    with (data_dir / START_LOCK_FILE).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        if _probe(data_dir) != "free":
+            return None
+        child = spawn_service(data_dir)
+        # Hold the start lock until the service holds its own: the next client then sees
+        # it starting instead of starting a second one that would only exit.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while _probe(data_dir) == "free" and child.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        return child
+
+
+def spawn_service(data_dir: Path) -> subprocess.Popen[bytes]:
+    """`webctx service run` detached: its own session (a Ctrl-C in the client's terminal
+    does not reach it), the data directory as working folder, output to its log. It runs
+    with this process's environment, so with the settings of the client that started it."""
+    env = dict(os.environ, WEBCTX_DATA_DIR=str(data_dir))
+    with (data_dir / LOG_FILE).open("ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "webctx.cli", "service", "run"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=data_dir, env=env,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    with _lock:
+        _children.append(child)
+    return child
+
+
+def _touch(data_dir: Path) -> None:
+    """Reset the service's idle clock (the address file's modification time)."""
+    try:
+        os.utime(data_dir / ADDRESS_FILE)
+    except OSError:
+        pass  # a service exiting right now: the next call starts another
+
+
+def _be_present(data_dir: Path, info: ServiceInfo) -> None:
+    """Keep one named connection on the service's Valkey while this process lives."""
+    with _lock:
+        present = _presence.get(data_dir)
+        if present is not None:
+            try:
+                present.ping()
+                return
+            except (redis.RedisError, OSError):
+                present.close()
+        client = redis.Redis(unix_socket_path=info.socket, socket_timeout=10,
+                             client_name=f"{PRESENCE_PREFIX}{os.getpid()}")  # fmt: skip
+        try:
+            client.ping()
+        except (redis.RedisError, OSError):
+            client.close()
+            return
+        _presence[data_dir] = client
+
+
+def _log_tail(data_dir: Path) -> str:
+    log = data_dir / LOG_FILE
+    return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
