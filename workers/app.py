@@ -73,6 +73,12 @@ def worker_deps() -> Deps:
         return _deps
 
 
+def has_deps() -> bool:
+    """True in a process whose collaborators are built (a worker, the local service)."""
+    with _deps_lock:
+        return _deps is not None
+
+
 def set_deps(deps: Deps | None) -> None:
     """Install (or clear) this process's collaborators: the embedded runner shares its own."""
     global _deps

@@ -15,7 +15,7 @@ from webctx.index.runs import RefreshRuns
 from webctx.index.search import IndexHit
 from webctx.index.sources import Source
 from webctx.settings import Settings
-from webctx.workers.app import app
+from webctx.workers.app import app, has_deps
 
 
 def forget_source(tenant: str, source_id: str) -> None:
@@ -24,9 +24,9 @@ def forget_source(tenant: str, source_id: str) -> None:
 
 
 def local_store(settings: Settings) -> bool:
-    """True when this process may open the vector store itself (a Qdrant server; the
-    embedded engine is the worker's, the local service's without a broker)."""
-    return bool(settings.qdrant_url)
+    """True when this process may open the vector store itself: a Qdrant server, or this
+    process is a worker (the embedded engine is the worker's: the local service's)."""
+    return bool(settings.qdrant_url) or has_deps()
 
 
 def run_search(
