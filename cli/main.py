@@ -1,37 +1,20 @@
-"""The `webctx` command line."""
+"""The `webctx` console script: reaches the local service first (when the command is one
+of its clients), then loads the command line (`webctx.cli.app`)."""
 
 from __future__ import annotations
 
 import os
-
-import typer
-
-from webctx.cli import jobs, serve
-from webctx.cli.batch import batch
-from webctx.cli.keys import keys
-from webctx.cli.service import service
-from webctx.cli.sources import search, sources
-
-cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-cli.command()(jobs.research)
-cli.command()(jobs.status)
-cli.command()(jobs.bundle)
-cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    serve.worker
-)
-cli.command()(serve.demo)
-cli.command()(serve.api)
-cli.add_typer(batch, name="batch")
-cli.add_typer(keys, name="keys")
-cli.command()(serve.mcp)
-cli.add_typer(sources, name="sources")
-cli.add_typer(service, name="service")
-cli.command("search")(search)
+import sys
 
 
 def main() -> None:
     """Console-script entry point."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    from webctx.workers.service_client import reach_early
+
+    reach_early(sys.argv[1:], dict(os.environ))
+    from webctx.cli.app import cli
+
     cli()
 
 

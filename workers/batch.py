@@ -80,4 +80,3 @@ def batch_feed(batch_id: str) -> str:
     except Exception:  # the next tick or item end tries again
         logger.exception("batch feed failed", extra={"batch_id": batch_id})
     return batch_id
-

@@ -85,8 +85,6 @@ _COUNTS = {
 }
 
 
-
-
 def _error_reasons(cls: type[errors.WebctxError]) -> Iterator[str]:
     reason = vars(cls).get("reason")
     if isinstance(reason, str):
@@ -100,8 +98,9 @@ def _error_reasons(cls: type[errors.WebctxError]) -> Iterator[str]:
 # (webctx.jobs.steps.record_failure): the error tree's `reason`s, Failure's default, a
 # chunk whose page is gone (stages/bundle.py), a worker that died on the item (jobs/pages.py).
 FAILURE_REASONS = tuple(
-    dict.fromkeys([*_error_reasons(errors.WebctxError), "error", "missing_page", "worker_lost",
-                   "not_cached"])  # fmt: skip
+    dict.fromkeys(
+        [*_error_reasons(errors.WebctxError), "error", "missing_page", "worker_lost", "not_cached"]
+    )  # fmt: skip
 )
 FAILURE_STAGES: tuple[str, ...] = get_args(Failure.model_fields["stage"].annotation)
 

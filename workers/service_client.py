@@ -22,14 +22,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import redis
 
 from webctx.errors import ConfigError
 
@@ -57,7 +57,7 @@ class ServiceInfo:
 
 
 _in_service = False
-_presence: dict[Path, redis.Redis] = {}
+_presence: dict[Path, socket.socket] = {}
 _children: list[subprocess.Popen[bytes]] = []
 _lock = threading.Lock()
 
@@ -192,23 +192,77 @@ def _touch(data_dir: Path) -> None:
 
 
 def _be_present(data_dir: Path, info: ServiceInfo) -> None:
-    """Keep one named connection on the service's Valkey while this process lives."""
+    """Keep one named connection on the service's Valkey while this process lives.
+
+    Two commands on a plain socket rather than a redis-py client: this runs first in every
+    client, and importing redis-py (with its optional tracing) costs more than a client's
+    whole budget to reach the service (docs/benchmarks.md, service_start)."""
     with _lock:
-        present = _presence.get(data_dir)
+        present = _presence.pop(data_dir, None)
         if present is not None:
             try:
-                present.ping()
-                return
-            except (redis.RedisError, OSError):
-                present.close()
-        client = redis.Redis(unix_socket_path=info.socket, socket_timeout=10,
-                             client_name=f"{PRESENCE_PREFIX}{os.getpid()}")  # fmt: skip
+                if _command(present, ["PING"]) == b"+PONG":
+                    _presence[data_dir] = present
+                    return
+            except OSError:
+                pass
+            present.close()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(10)
         try:
-            client.ping()
-        except (redis.RedisError, OSError):
-            client.close()
-            return
-        _presence[data_dir] = client
+            conn.connect(info.socket)
+            name = f"{PRESENCE_PREFIX}{os.getpid()}"
+            if _command(conn, ["CLIENT", "SETNAME", name]) != b"+OK":
+                raise OSError("CLIENT SETNAME refused")
+        except OSError:
+            conn.close()
+            return  # the service is going away: the next call starts another
+        _presence[data_dir] = conn
+
+
+def _command(conn: socket.socket, words: Sequence[str]) -> bytes:
+    """Send one command (RESP array of bulk strings); its one-line reply."""
+    parts = [f"*{len(words)}\r\n".encode()]
+    for word in words:
+        data = word.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    conn.sendall(b"".join(parts))
+    reply = b""
+    while not reply.endswith(b"\r\n"):
+        chunk = conn.recv(256)
+        if not chunk:
+            raise OSError("connection closed")
+        reply += chunk
+    return reply.strip()
+
+
+CLIENT_COMMANDS = frozenset(
+    {"research", "status", "bundle", "mcp", "api", "sources", "search", "batch", "keys"}
+)
+
+
+def reach_early(argv: Sequence[str], environ: dict[str, str]) -> None:
+    """For a client command with no broker: reach the service (or start it) in a thread
+    while the command loads its modules, so a cold service starts alongside the client's
+    imports (the settings this reads, the broker URL and the data directory, are the ones
+    webctx.settings reads). Errors are left to the command, which reaches the service
+    again through its settings and waits for it there."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words or words[0] not in CLIENT_COMMANDS or {"--help", "-h"} & set(argv):
+        return
+    if environ.get("CELERY_BROKER_URL") or environ.get("WEBCTX_BROKER_URL"):
+        return
+    import platformdirs
+
+    data_dir = Path(environ.get("WEBCTX_DATA_DIR") or platformdirs.user_data_dir("webctx"))
+
+    def reach() -> None:
+        try:
+            ensure_service(data_dir)
+        except (ConfigError, OSError):
+            pass
+
+    threading.Thread(target=reach, name="reach-service", daemon=True).start()
 
 
 def _log_tail(data_dir: Path) -> str:

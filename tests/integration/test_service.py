@@ -215,7 +215,7 @@ def test_a_batch_waiting_client_resumes_it_after_the_service_restarts(
 
 
 def test_the_client_modules_load_no_model_no_engine_and_no_worker() -> None:
-    client_modules = ["webctx.cli.main", "webctx.api.mcp", "webctx.api.http",
+    client_modules = ["webctx.cli.main", "webctx.cli.app", "webctx.api.mcp", "webctx.api.http",
                       "webctx.workers.service_client", "webctx.workers.index_client",
                       "webctx.workers.pipeline"]  # fmt: skip
     heavy = (

@@ -1,0 +1,165 @@
+"""The local service (no broker), side by side in one run: a client command when no service
+runs (cold: it starts one) against the same command with the service warm; a client's
+start to its first request at the service; and the same question asked again from a new
+process (pages downloaded, tokens embedded, job time), on the demo web.
+
+    python bench/service_start.py [--rounds 5] [--page-delay 0.2] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._report import write_section  # noqa: E402
+from webctx.demo.web import DemoWeb  # noqa: E402
+from webctx.devweb.server import LoopbackServer  # noqa: E402
+from webctx.devweb.site import SitePage, make_site_app  # noqa: E402
+from webctx.models import Bundle  # noqa: E402
+from webctx.workers.service_client import running_service  # noqa: E402
+
+QUESTION = "how do lithium-ion batteries degrade?"
+
+
+def _cli(env: dict[str, str], *args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "webctx.cli", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"webctx {' '.join(args)} failed: {done.stderr[-2000:]}")
+    return time.perf_counter() - started, done
+
+
+def _worker_ready_s(data_dir: Path, before: int, started: float) -> float:
+    """Seconds from `started` until the service's log says its worker consumes."""
+    log = data_dir / "service.log"
+    while log.read_text(errors="replace").count(" ready.") <= before:
+        time.sleep(0.01)
+    return time.perf_counter() - started
+
+
+def cold_and_warm(env: dict[str, str], data_dir: Path, rounds: int) -> dict[str, list[float]]:
+    """`webctx sources list` with no service (it starts one) and with the service warm."""
+    out: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(rounds):
+        _cli(env, "service", "stop")
+        log = data_dir / "service.log"
+        before = log.read_text(errors="replace").count(" ready.") if log.exists() else 0
+        started = time.perf_counter()
+        cold, _ = _cli(env, "sources", "list")
+        out["cold"].append(cold)
+        out["ready"].append(_worker_ready_s(data_dir, before, started))
+        warm, _ = _cli(env, "sources", "list")
+        out["warm"].append(warm)
+    return out
+
+
+def first_request(env: dict[str, str], data_dir: Path, rounds: int) -> list[float]:
+    """Seconds from a client's spawn to its first command at the warm service's Valkey (the
+    server's own clock, read through MONITOR)."""
+    info = running_service(data_dir)
+    assert info is not None
+    delays = []
+    client = redis.Redis(unix_socket_path=info.socket)
+    with client.monitor() as monitor:
+        for _ in range(rounds):
+            spawned = time.time()
+            proc = subprocess.Popen([sys.executable, "-m", "webctx.cli", "sources", "list"],
+                                    env=env, cwd=ROOT, stdout=subprocess.DEVNULL)  # fmt: skip
+            name = f"webctx:{proc.pid}"
+            while True:
+                command = monitor.next_command()
+                if name in command["command"]:
+                    delays.append(float(command["time"]) - spawned)
+                    break
+            proc.wait(timeout=60)
+    client.close()
+    return delays
+
+
+def rerun(env: dict[str, str], hits: collections.Counter[str]) -> list[tuple[float, int, Bundle]]:
+    """The question twice, each from a new `webctx research` process: (wall, downloads,
+    bundle) per run."""
+    runs = []
+    for _ in range(2):
+        before = sum(hits.values())
+        wall, done = _cli(env, "research", QUESTION, "--max-sources", "20", "--top-k", "12",
+                          "--token-budget", "3000")  # fmt: skip
+        runs.append((wall, sum(hits.values()) - before, Bundle.model_validate_json(done.stdout)))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--page-delay", type=float, default=0.2)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    web = DemoWeb().start()
+    assert web.site is not None
+    web.site.stop()  # served again with latency and a request counter
+    hits: collections.Counter[str] = collections.Counter()
+    pages = {p.path: SitePage(body=p.html, delay_s=args.page_delay) for p in web.pages}
+    web.site = LoopbackServer(make_site_app(pages, hits=hits), port=web.site.port).start()
+    with tempfile.TemporaryDirectory(prefix="webctx-bench-") as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("WEBCTX_", "CELERY_"))}
+        env.update(web.env(), PYTHONPATH=str(ROOT))
+        starts_dir, rerun_dir = Path(tmp, "starts"), Path(tmp, "rerun")
+        try:
+            env["WEBCTX_DATA_DIR"] = str(starts_dir)
+            calls = cold_and_warm(env, starts_dir, args.rounds)
+            delays = first_request(env, starts_dir, args.rounds * 2)
+            _cli(env, "service", "stop")
+            env["WEBCTX_DATA_DIR"] = str(rerun_dir)
+            runs = rerun(env, hits)
+        finally:
+            for data_dir in (starts_dir, rerun_dir):
+                _cli(dict(env, WEBCTX_DATA_DIR=str(data_dir)), "service", "stop")
+            web.stop()
+    med = statistics.median
+    (cold_wall, cold_dl, cold), (warm_wall, warm_dl, warm) = runs
+    body = (
+        f"`webctx sources list` from a new process, {args.rounds} rounds (medians; min-max): "
+        "cold, no service running (the command starts it and returns once its Valkey "
+        'answers), then warm. "Worker ready" is when the cold service\'s worker consumes '
+        "(a job submitted earlier waits in the queue until then).\n\n"
+        "| | cold call s | warm call s | cold - warm s | cold start to worker ready s |\n"
+        "|---|---|---|---|---|\n"
+        f"| sources list | {med(calls['cold']):.2f} ({min(calls['cold']):.2f}-"
+        f"{max(calls['cold']):.2f}) | {med(calls['warm']):.2f} ({min(calls['warm']):.2f}-"
+        f"{max(calls['warm']):.2f}) | {med(calls['cold']) - med(calls['warm']):.2f} | "
+        f"{med(calls['ready']):.2f} ({min(calls['ready']):.2f}-{max(calls['ready']):.2f}) |\n\n"
+        f"Client start (spawn of `webctx sources list`) to its first command at the warm "
+        f"service's Valkey (the server's clock, MONITOR), {len(delays)} runs: median "
+        f"{med(delays) * 1000:.0f} ms, min {min(delays) * 1000:.0f}, "
+        f"max {max(delays) * 1000:.0f}.\n\n"
+        f"The same question (--max-sources 20 on the demo web, pages served with "
+        f"{args.page_delay} s of latency) asked twice, each time from a new "
+        "`webctx research` process, through one service:\n\n"
+        "| run | command wall s | job elapsed s | pages downloaded | tokens embedded | "
+        "embed requests |\n|---|---|---|---|---|---|\n"
+        f"| cold | {cold_wall:.2f} | {cold.stats.elapsed_s:.2f} | {cold_dl} | "
+        f"{cold.stats.tokens_embedded} | {cold.stats.embed_requests} |\n"
+        f"| warm | {warm_wall:.2f} | {warm.stats.elapsed_s:.2f} | {warm_dl} | "
+        f"{warm.stats.tokens_embedded} | {warm.stats.embed_requests} |\n\n"
+        f"warm/cold job time: {warm.stats.elapsed_s / cold.stats.elapsed_s:.1%}\n"
+    )
+    print(body)
+    if args.write:
+        write_section("service_start", body)
+
+
+if __name__ == "__main__":
+    main()
