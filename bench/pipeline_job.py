@@ -131,8 +131,13 @@ def main() -> None:
     web.site = LoopbackServer(make_site_app(pages), port=port).start()
     results: dict[str, list[tuple[float, Bundle]]] = {"embedded": [], "broker (2 workers)": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.runs):  # one data directory: its state server keeps the caches
-            results["embedded"].append(_job(_env(web, f"{tmp}/emb", broker=False)))
+        local = _env(web, f"{tmp}/emb", broker=False)
+        try:
+            for _ in range(args.runs):  # one data directory: its local service keeps the caches
+                results["embedded"].append(_job(local))
+        finally:  # the runs went through the data directory's local service: stop it
+            stop = [sys.executable, "-m", "webctx.cli", "service", "stop"]
+            subprocess.run(stop, env=local, capture_output=True, check=False)
         redis.Redis.from_url(REDIS_URL).flushdb()
         env = _env(web, f"{tmp}/brk", broker=True)
         procs = _workers(env, tmp)

@@ -248,6 +248,7 @@ def test_rerunning_embed_of_a_page_adds_no_point(test_web: LoopbackWeb, tmp_path
     env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
     first = run_cli(env, "research", QUESTION, "--max-sources", "6")
     assert first.returncode == 0, first.stderr[-3000:]
+    run_cli(env, "service", "stop")  # it holds the store
     store = EdgeVectorStore(tmp_path / "qdrant")
     before = store.count()
     store.close()
@@ -255,6 +256,7 @@ def test_rerunning_embed_of_a_page_adds_no_point(test_web: LoopbackWeb, tmp_path
     # The same job again re-embeds and re-upserts every page: ids are content-derived.
     second = run_cli(env, "research", QUESTION, "--max-sources", "6")
     assert second.returncode == 0, second.stderr[-3000:]
+    run_cli(env, "service", "stop")
     store = EdgeVectorStore(tmp_path / "qdrant")
     assert store.count() == before
     store.close()
@@ -271,6 +273,8 @@ def test_embed_task_retried_after_provider_errors_completes_without_duplicates(
         "6",
     )
     assert clean.returncode == 0, clean.stderr[-3000:]
+    # The local service runs with its starter's settings: the next run starts its own.
+    run_cli(clean_env(), "service", "stop")
     # One attempt per request inside the task, so each 500 becomes a Celery retry.
     test_web.embeddings_control.fail_next(3, status=500)
     flaky = run_cli(
@@ -285,6 +289,7 @@ def test_embed_task_retried_after_provider_errors_completes_without_duplicates(
         "6",
     )
     assert flaky.returncode == 0, flaky.stderr[-3000:]
+    run_cli(clean_env(), "service", "stop")
     counts = []
     for name in ("clean", "flaky"):
         store = EdgeVectorStore(tmp_path / name)

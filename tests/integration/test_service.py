@@ -26,6 +26,7 @@ from webctx.models import Bundle
 QUESTION = "how do lithium-ion batteries degrade?"
 ARGS = {"question": QUESTION, "max_sources": 6, "top_k": 5, "token_budget": 800, "wait_s": 110}
 PAGE = "/energy-notes/sei-growth.html"
+SCHEDULED_PAGE = "/energy-notes/lithium-plating.html"
 
 
 def _env(web: LoopbackWeb, **extra: str) -> dict[str, str]:
@@ -163,10 +164,10 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     assert run_cli(env, "service", "status").returncode == 1
 
 
-def test_with_no_configuration_the_api_serves_with_keys_and_the_index_works(
+def test_with_no_configuration_the_api_serves_with_keys_and_the_index_is_kept(
     test_web: LoopbackWeb, data_dir: Path, tmp_path: Path
 ) -> None:
-    env = _env(test_web)
+    env = _env(test_web, WEBCTX_INDEX__TICK_S="1")
     created = run_cli(env, "keys", "create", "--tenant", "alpha")
     assert created.returncode == 0, created.stderr[-3000:]
     key = created.stdout.strip()
@@ -187,6 +188,15 @@ def test_with_no_configuration_the_api_serves_with_keys_and_the_index_works(
     finally:
         api.stop()
     assert len(_services(data_dir)) == 1
+    # The service's beat indexes a new source on its own (no refresh asked for).
+    scheduled = test_web.site.url + SCHEDULED_PAGE
+    assert run_cli(env, "sources", "add", scheduled, "--tenant", "beta").returncode == 0
+
+    def indexed() -> bool:
+        listed = run_cli(env, "sources", "list", "--format", "json", "--tenant", "beta")
+        return bool(json.loads(listed.stdout)[0]["runs"])
+
+    _wait_for(indexed, 60, "a scheduled run")
 
 
 def test_a_batch_waiting_client_resumes_it_after_the_service_restarts(
