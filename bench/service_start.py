@@ -154,7 +154,9 @@ def main() -> None:
         f"{cold.stats.tokens_embedded} | {cold.stats.embed_requests} |\n"
         f"| warm | {warm_wall:.2f} | {warm.stats.elapsed_s:.2f} | {warm_dl} | "
         f"{warm.stats.tokens_embedded} | {warm.stats.embed_requests} |\n\n"
-        f"warm/cold job time: {warm.stats.elapsed_s / cold.stats.elapsed_s:.1%}\n"
+        f"warm/cold job time: {warm.stats.elapsed_s / cold.stats.elapsed_s:.1%}. Load average "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end ({os.cpu_count()} "
+        "cores, shared).\n"
     )
     print(body)
     if args.write:
