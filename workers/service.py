@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from webctx.settings import Settings
-from webctx.workers.service_client import ADDRESS_FILE, LOCK_FILE, mark_service_process
+from webctx.workers.service_client import (
+    ADDRESS_FILE,
+    LOCK_FILE,
+    mark_service_process,
+    settings_fingerprint,
+)
 
 logger = logging.getLogger("webctx.service")
 
@@ -53,7 +58,9 @@ def run_service(settings: Settings) -> int:
 
     socket = state_server_url(data_dir).removeprefix("unix://").split("?")[0]
     temp = address.with_suffix(".tmp")
-    temp.write_text(json.dumps({"pid": os.getpid(), "socket": socket, "started": time.time()}))
+    fingerprint = settings_fingerprint(dict(os.environ))
+    temp.write_text(json.dumps({"pid": os.getpid(), "socket": socket, "started": time.time(),
+                                "settings": fingerprint}))  # fmt: skip
     temp.replace(address)  # clients see a whole file or none
     logger.info("service listening", extra={"socket": socket, "pid": os.getpid()})
     try:

@@ -20,7 +20,9 @@ Files in the data directory:
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webctx.errors import ConfigError
+
+logger = logging.getLogger("webctx.service")
 
 LOCK_FILE = "service.lock"
 ADDRESS_FILE = "service.json"
@@ -49,6 +53,8 @@ class ServiceInfo:
 
     pid: int
     socket: str
+    settings: str = ""
+    """The fingerprint of the environment it was started with (`settings_fingerprint`)."""
 
     @property
     def state_url(self) -> str:
@@ -57,6 +63,7 @@ class ServiceInfo:
 
 
 _in_service = False
+_warned: set[Path] = set()
 _presence: dict[Path, socket.socket] = {}
 _children: list[subprocess.Popen[bytes]] = []
 _lock = threading.Lock()
@@ -102,6 +109,7 @@ def ensure_service(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) -> Ser
         if isinstance(state, ServiceInfo):
             _touch(data_dir)
             _be_present(data_dir, state)
+            _check_settings(data_dir, state)
             return state
         if state == "free" and started is None:
             started = _start_once(data_dir)
@@ -144,7 +152,8 @@ def _probe(data_dir: Path) -> ServiceInfo | str:
         os.close(fd)
     try:
         info = json.loads((data_dir / ADDRESS_FILE).read_text())
-        service = ServiceInfo(pid=int(info["pid"]), socket=str(info["socket"]))
+        service = ServiceInfo(pid=int(info["pid"]), socket=str(info["socket"]),
+                              settings=str(info.get("settings", "")))  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return "starting"
     return service if Path(f"/proc/{service.pid}").exists() else "starting"
@@ -181,6 +190,30 @@ def spawn_service(data_dir: Path) -> subprocess.Popen[bytes]:
     with _lock:
         _children.append(child)
     return child
+
+
+def settings_fingerprint(environ: dict[str, str]) -> str:
+    """A digest of the settings in `environ` (WEBCTX_*, CELERY_*, OPENAI_*; not the data
+    directory, which names the service): the service records its own."""
+    prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
+    items = sorted((k, v) for k, v in environ.items()
+                   if k.startswith(prefixes) and k != "WEBCTX_DATA_DIR")  # fmt: skip
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def _check_settings(data_dir: Path, info: ServiceInfo) -> None:
+    """Say once per process when the service was started with other settings than ours:
+    it runs with its starter's (a changed search provider or embeddings endpoint does not
+    apply until it is stopped)."""
+    if data_dir in _warned or not info.settings:
+        return
+    if info.settings != settings_fingerprint(dict(os.environ)):
+        _warned.add(data_dir)
+        logger.warning(
+            "the local service (pid %s) runs with other settings than this client's; "
+            "`webctx service stop` applies them at its next start",
+            info.pid,
+        )
 
 
 def _touch(data_dir: Path) -> None:

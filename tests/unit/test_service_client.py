@@ -49,3 +49,10 @@ def test_only_client_commands_without_a_broker_reach_for_the_service(tmp_path: P
         reach_early(argv, env)
     reach_early(["research", "q"], {**env, "CELERY_BROKER_URL": "redis://x:6379/0"})
     assert not (tmp_path / "data").exists()  # nothing started, nothing created
+
+
+def test_the_settings_fingerprint_ignores_the_data_directory_and_other_variables() -> None:
+    base = {"WEBCTX_SEARCH_PROVIDER": "searxng", "OPENAI_BASE_URL": "http://a/v1", "HOME": "/h"}
+    same = service_client.settings_fingerprint
+    assert same(base) == same({**base, "WEBCTX_DATA_DIR": "/elsewhere", "HOME": "/other"})
+    assert same(base) != same({**base, "OPENAI_BASE_URL": "http://b/v1"})
