@@ -174,10 +174,12 @@ def assert_reconnected(worker: WorkerProcess) -> None:
 
 
 def clean_run(web: MiniWeb, tmp: Path) -> tuple[Bundle, int]:
-    """The same job in the embedded mode, nothing killed: the reference outcome."""
-    done = run_cli(web.env(WEBCTX_QDRANT_PATH=str(tmp / "clean")), "research", QUESTION,
+    """The same job with no broker (the local service), nothing killed: the reference."""
+    env = web.env(WEBCTX_QDRANT_PATH=str(tmp / "clean"))
+    done = run_cli(env, "research", QUESTION,
                    "--max-sources", "5", "--top-k", "20", "--token-budget", "4000")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    run_cli(env, "service", "stop")  # it holds the reference store
     return Bundle.model_validate_json(done.stdout), point_count(tmp / "clean")
 
 
