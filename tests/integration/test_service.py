@@ -234,6 +234,7 @@ def test_the_client_modules_load_no_model_no_engine_and_no_worker() -> None:
         "sentence_transformers",
         "qdrant_edge",
         "qdrant_client",
+        "openai",
         "trafilatura",
         "playwright",
         "celery.worker",
