@@ -116,10 +116,18 @@ def service_pid(data_dir: Path) -> int | None:
 
 
 def kill_service(data_dir: Path) -> None:
-    """SIGKILL the local service of `data_dir`, if it still runs."""
-    pid = service_pid(data_dir)
-    if pid is not None:
-        os.kill(pid, signal.SIGKILL)
+    """SIGKILL every local service of `data_dir` still running: the one holding its lock,
+    and one a client started that has not taken the lock yet (its working folder is the
+    data directory)."""
+    target = data_dir.resolve()
+    for proc in Path("/proc").iterdir():
+        try:
+            if b"service\x00run" not in (proc / "cmdline").read_bytes():
+                continue
+            if Path(os.readlink(proc / "cwd")) == target:
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 def stop_state_server(data_dir: Path) -> None:
@@ -142,6 +150,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     if "WEBCTX_DATA_DIR" in os.environ:
         env["WEBCTX_DATA_DIR"] = os.environ["WEBCTX_DATA_DIR"]
     env["PYTHONPATH"] = str(ROOT)
+    # A local service a test leaves behind (its fixture kills it) exits on its own too.
+    env["WEBCTX_SERVICE_IDLE_S"] = "60"
     env.update(extra)
     return env
 
