@@ -137,6 +137,10 @@ def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_jo
         assert bundle.chunks  # ranked from the reopened store
     assert status["fetched"] >= at_kill["fetched"]  # no page fetched before the kill is lost
     assert status["fetched"] + status["failed"] >= status["urls"]
+    print(
+        f"\n[service SIGKILL] at the kill: fetched {at_kill['fetched']} of {at_kill['urls']}; "
+        f"job {status['status']}: fetched {status['fetched']}, failed {status['failed']}"
+    )
 
 
 def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
