@@ -23,6 +23,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ class IdleClock:
             touched = 0.0
         return max(self._last_busy, touched)
 
-    def watch(self, queued: Any) -> None:
+    def watch(self, queued: Callable[[], int]) -> None:
         """Stop the worker (as SIGTERM does) once idle for `idle_s`."""
         from celery.worker import state
 
