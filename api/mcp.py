@@ -292,8 +292,14 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
         token_budget: Annotated[
             int, Field(ge=200, le=20_000, description="Tokens of passage text at most.")
         ] = 3000,
+        max_queries: Annotated[
+            int, Field(ge=1, le=10, description="Search queries planned at most.")
+        ] = 4,
         include_domains: Annotated[
             list[str] | None, Field(description="Only sources from these domains.")
+        ] = None,
+        exclude_domains: Annotated[
+            list[str] | None, Field(description="No sources from these domains.")
         ] = None,
         recency_days: Annotated[
             int | None,
@@ -330,7 +336,9 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
             max_sources=max_sources,
             top_k=top_k,
             token_budget=token_budget,
+            max_queries=max_queries,
             include_domains=include_domains,
+            exclude_domains=exclude_domains,
             recency_days=recency_days,
             max_age=max_age,
             stale_if_error=stale_if_error,

@@ -72,7 +72,7 @@ def submit(
     file: Annotated[
         Path,
         typer.Argument(
-            help="JSONL: {id, question, token_budget?, max_sources?, max_age?, stale_if_error?}"
+            help="JSONL: {id, question, ...}: any field of a job request (docs/batch.md)"
         ),
     ],
     name: Annotated[str, typer.Option(help="Batch name: the same name and file, the same batch.")],

@@ -18,26 +18,9 @@ from webctx.models import JobRequest, JobStatus
 from webctx.settings import get_settings
 
 
-def _request(
-    question: str,
-    *,
-    max_sources: int,
-    top_k: int,
-    token_budget: int,
-    max_queries: int,
-    max_age: int | None = None,
-    stale_if_error: bool = False,
-) -> JobRequest:
+def _request(question: str, **options: object) -> JobRequest:
     try:
-        return JobRequest(
-            question=question,
-            max_sources=max_sources,
-            top_k=top_k,
-            token_budget=token_budget,
-            max_queries=max_queries,
-            max_age=max_age,
-            stale_if_error=stale_if_error,
-        )
+        return JobRequest.model_validate({"question": question, **options})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
@@ -52,6 +35,17 @@ def research(
     top_k: Annotated[int, typer.Option(help="Chunks in the bundle at most.")] = 60,
     token_budget: Annotated[int, typer.Option(help="Tokens of chunk text at most.")] = 3000,
     max_queries: Annotated[int, typer.Option(help="Search queries planned at most.")] = 4,
+    include_domains: Annotated[
+        list[str] | None,
+        typer.Option("--include-domain", help="Only sources from this domain (repeatable)."),
+    ] = None,
+    exclude_domains: Annotated[
+        list[str] | None,
+        typer.Option("--exclude-domain", help="No sources from this domain (repeatable)."),
+    ] = None,
+    recency_days: Annotated[
+        int | None, typer.Option(help="Only pages published within this many days.")
+    ] = None,
     max_age: Annotated[
         int | None,
         typer.Option(
@@ -83,6 +77,9 @@ def research(
         top_k=top_k,
         token_budget=token_budget,
         max_queries=max_queries,
+        include_domains=include_domains or [],
+        exclude_domains=exclude_domains or [],
+        recency_days=recency_days,
         max_age=max_age,
         stale_if_error=stale_if_error,
     )

@@ -64,7 +64,7 @@ async def create_batch(
     token_budget: Annotated[int | None, Query(ge=50, le=100_000)] = None,
     max_sources: Annotated[int | None, Query(ge=1, le=100)] = None,
 ) -> BatchStatus:
-    """Submit a batch: JSONL lines or a JSON list of {id, question, token_budget?, max_sources?}.
+    """Submit a batch: JSONL lines or a JSON list of {id, question, ...job fields}.
 
     The same name and items return the same batch (nothing finished is redone); the same
     name with other items is 409.

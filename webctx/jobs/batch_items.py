@@ -116,6 +116,10 @@ def _parse_line(
     return parse_item(raw, token_budget=token_budget, max_sources=max_sources)
 
 
+ITEM_FIELDS = frozenset(JobRequest.model_fields)
+"""An item names its `id` and any field of a job request: every knob of a job."""
+
+
 def parse_item(
     raw: object, *, token_budget: int | None = None, max_sources: int | None = None
 ) -> tuple[BatchItem | None, str | None]:
@@ -133,11 +137,10 @@ def parse_item(
         value = raw.get(name, default)
         if value is not None:
             fields[name] = value
-    for name in ("max_age", "stale_if_error"):  # the item's freshness contract
+    for name in ITEM_FIELDS - {"question", "token_budget", "max_sources"}:
         if name in raw:
             fields[name] = raw[name]
-    unknown = set(raw) - {"id", "question", "token_budget", "max_sources", "max_age",
-                          "stale_if_error"}  # fmt: skip
+    unknown = set(raw) - ITEM_FIELDS - {"id"}
     if unknown:
         return None, f"unknown field(s) {sorted(unknown)} (id {item_id!r})"
     try:

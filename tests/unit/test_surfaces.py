@@ -1,0 +1,95 @@
+"""One job contract on every surface: each `JobRequest` field can be set from the CLI,
+the HTTP API, the MCP `web_context` tool and a batch item. A field added to `JobRequest`
+fails here until every surface takes it (or the exclusion lists below say why not)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import typer.main
+from mcp import Client
+
+from webctx.api.deps import Runtime
+from webctx.api.http import create_app
+from webctx.api.mcp import build_mcp
+from webctx.cli.main import cli
+from webctx.jobs.batch_items import parse_item
+from webctx.models import JobRequest
+from webctx.settings import Settings
+
+FIELDS = set(JobRequest.model_fields)
+
+# Fields a surface deliberately lacks, each with the reason. Empty today: every surface
+# takes every field. Add a name here only with a comment that says why.
+CLI_EXCLUDED: set[str] = set()
+API_EXCLUDED: set[str] = set()
+MCP_EXCLUDED: set[str] = set()
+BATCH_EXCLUDED: set[str] = set()
+
+# Options a surface has that are not job fields (how to wait, how to print).
+CLI_ONLY = {"format", "no_wait", "timeout"}
+API_ONLY = {"format", "timeout_s"}
+MCP_ONLY = {"wait_s"}
+
+
+def test_cli_research_has_an_option_for_every_job_field() -> None:
+    command = typer.main.get_command(cli)
+    assert isinstance(command, typer.core.TyperGroup)
+    research = command.commands["research"]
+    params = {p.name for p in research.params}
+    assert FIELDS - CLI_EXCLUDED - params == set(), "job fields missing from the CLI"
+    assert params - FIELDS == CLI_ONLY
+
+
+def test_openapi_request_bodies_have_every_job_field() -> None:
+    app = create_app(Settings(api_auth="required"), host="127.0.0.1")
+    schema = app.openapi()
+    for path, extra in (("/v1/jobs", set()), ("/v1/context", {"timeout_s"})):
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        name = body["schema"]["$ref"].rsplit("/", 1)[-1]
+        properties = set(schema["components"]["schemas"][name]["properties"])
+        assert FIELDS - API_EXCLUDED - properties == set(), f"job fields missing from {path}"
+        assert properties - FIELDS == {"format"} | extra
+        assert properties - FIELDS <= API_ONLY
+
+
+def _no_runtime() -> Runtime:
+    raise AssertionError("listing tools needs no runtime")
+
+
+def test_mcp_web_context_tool_has_every_job_field() -> None:
+    async def schema() -> dict[str, Any]:
+        async with Client(build_mcp(_no_runtime)) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+        return tools["web_context"].input_schema
+
+    properties = set(anyio.run(schema)["properties"])
+    assert FIELDS - MCP_EXCLUDED - properties == set(), "job fields missing from web_context"
+    assert properties - FIELDS == MCP_ONLY
+
+
+def test_batch_item_sets_every_job_field() -> None:
+    values: dict[str, Any] = {
+        "question": "how do heat pumps work?",
+        "max_sources": 3,
+        "top_k": 7,
+        "token_budget": 900,
+        "max_queries": 2,
+        "include_domains": ["energy.example"],
+        "exclude_domains": ["spam.example"],
+        "recency_days": 30,
+        "max_age": 0,
+        "stale_if_error": True,
+    }
+    assert set(values) == FIELDS - BATCH_EXCLUDED, "give the new field a non-default value"
+    defaults = JobRequest(question="q").model_dump()
+    assert all(values[k] != defaults[k] for k in values if k != "question")
+    item, error = parse_item({"id": "a", **values})
+    assert error is None and item is not None
+    assert item.request.model_dump() == values
+
+
+def test_batch_item_with_an_unknown_field_is_refused() -> None:
+    item, error = parse_item({"id": 1, "question": "q", "max_source": 3})
+    assert item is None and error == "unknown field(s) ['max_source'] (id 1)"
