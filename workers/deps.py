@@ -256,7 +256,7 @@ def build_embedder(settings: Settings) -> Embedder:
 
 def build_local_embedder(embed: EmbedSettings) -> Embedder:
     """all-MiniLM-L6-v2 in process, on the backend `WEBCTX_EMBED__LOCAL_BACKEND` names
-    (auto: ONNX Runtime int8 when onnxruntime is installed, else torch)."""
+    (auto: ONNX Runtime fp32 when onnxruntime is installed, else torch)."""
     from webctx.adapters.local_embedder import LocalEmbedder
     from webctx.adapters.onnx_embedder import OnnxEmbedder, onnx_available
     from webctx.adapters.onnx_export import default_cache_dir

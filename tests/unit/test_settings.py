@@ -68,3 +68,26 @@ def test_the_embedded_state_lives_in_the_data_dir_not_the_working_folder(
     assert default.data_dir.is_absolute() and default.data_dir.name == "webctx"
     assert default.qdrant_path == default.data_dir / "qdrant"
     assert "qdrant_path" not in default.model_fields_set  # the embedded default may move it
+
+
+def test_a_deprecated_name_still_works_but_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEBCTX_EMBED_RPM", "50")
+    monkeypatch.setenv("WEBCTX_BROKER_URL", "redis://old:6379/0")
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    with pytest.warns(FutureWarning) as warned:
+        s = Settings()
+    assert sorted(str(w.message) for w in warned) == [
+        "WEBCTX_BROKER_URL is deprecated; set CELERY_BROKER_URL instead",
+        "WEBCTX_EMBED_RPM is deprecated; set WEBCTX_EMBED__RPM instead",
+    ]
+    assert s.embed.rpm == 50 and s.broker_url == "redis://old:6379/0"
+    assert not hasattr(s, "embed_rpm")  # one field, one name
+
+
+def test_the_current_name_wins_over_a_deprecated_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEBCTX_EMBED_RPM", "50")
+    monkeypatch.setenv("WEBCTX_EMBED__RPM", "7")
+    monkeypatch.setenv("WEBCTX_EMBED__TPM", "9")
+    with pytest.warns(FutureWarning):
+        s = Settings()
+    assert (s.embed.rpm, s.embed.tpm) == (7, 9)
