@@ -226,6 +226,14 @@ def effective(settings: Settings, environ: Mapping[str, str]) -> Iterator[dict[s
                "source": source_of(row, upper)}  # fmt: skip
 
 
+def unknown_names(environ: Mapping[str, str]) -> list[str]:
+    """`WEBCTX_` variables that set nothing (a typo is otherwise silently ignored)."""
+    known = {r.env for r in setting_rows()} | set(DEPRECATED_ENV)
+    known |= {f"WEBCTX_{group}".upper() for group in _groups()}
+    names = {name.upper() for name in environ if name.upper().startswith("WEBCTX_")}
+    return sorted(names - known)
+
+
 def _text(value: object) -> str:
     if isinstance(value, bool):
         return str(value).lower()
@@ -250,6 +258,8 @@ def config(
         )
         raise fail(f"invalid settings: {problems}") from exc
     rows = list(effective(settings, os.environ))
+    for name in unknown_names(os.environ):
+        typer.echo(f"warning: {name} is not a webctx setting (ignored)", err=True)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return

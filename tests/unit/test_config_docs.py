@@ -125,3 +125,11 @@ def test_config_names_an_invalid_setting(clean_env: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(cli, ["config"])
     assert result.exit_code == 2
     assert "WEBCTX_FETCH__MAX_BYTES" in result.output and "integer" in result.output
+
+
+def test_config_warns_about_a_variable_that_sets_nothing(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("WEBCTX_FETCH__MAX_BYTE", "1234")  # a typo: pydantic ignores it
+    result = CliRunner().invoke(cli, ["config"])
+    assert result.exit_code == 0
+    assert "warning: WEBCTX_FETCH__MAX_BYTE is not a webctx setting (ignored)" in result.stderr
+    assert "WEBCTX_FETCH__MAX_BYTE=" not in result.stdout
