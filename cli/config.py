@@ -39,7 +39,7 @@ SECTIONS = {
 """Top-level settings, in declaration order, start a new section at these fields."""
 GROUP_TITLES = {
     "fetch": "Fetching",
-    "render": "Rendering pages filled by script",
+    "render": "Rendering",
     "chunk": "Chunking",
     "embed": "Embedding requests and the local model",
     "index": "Index (docs/index.md)",
@@ -226,12 +226,17 @@ def effective(settings: Settings, environ: Mapping[str, str]) -> Iterator[dict[s
                "source": source_of(row, upper)}  # fmt: skip
 
 
+NOT_SETTINGS = {"WEBCTX_HEALTHCHECK_URL", "WEBCTX_IMAGE", "WEBCTX_RENDER_IMAGE", "WEBCTX_API_PORT"}
+NOT_SETTINGS_PREFIXES = ("WEBCTX_BENCH_", "WEBCTX_TEST_")
+"""Variables of the deployment files, benchmarks and tests: not settings, and not typos."""
+
+
 def unknown_names(environ: Mapping[str, str]) -> list[str]:
     """`WEBCTX_` variables that set nothing (a typo is otherwise silently ignored)."""
-    known = {r.env for r in setting_rows()} | set(DEPRECATED_ENV)
+    known = {r.env for r in setting_rows()} | set(DEPRECATED_ENV) | NOT_SETTINGS
     known |= {f"WEBCTX_{group}".upper() for group in _groups()}
     names = {name.upper() for name in environ if name.upper().startswith("WEBCTX_")}
-    return sorted(names - known)
+    return sorted(n for n in names - known if not n.startswith(NOT_SETTINGS_PREFIXES))
 
 
 def _text(value: object) -> str:
