@@ -11,8 +11,9 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from webctx.api.deps import CallerDep, Runtime, RuntimeDep
+from webctx.api.limits import check_request_limits
 from webctx.api.routes.jobs import ERRORS
-from webctx.errors import BatchNotFound
+from webctx.errors import BatchNotFound, InvalidBatch, InvalidRequest
 from webctx.jobs.batch_items import BatchItem, json_list_lines, parse_items
 from webctx.jobs.batches import BatchStatus, BatchStore
 
@@ -71,6 +72,11 @@ async def create_batch(
     """
     body = await request.body()  # at most WEBCTX_BATCH__MAX_BODY_BYTES (api/limits.py)
     items = _items(body, token_budget, max_sources)
+    for item in items:  # items take the job fields, so the API's domain-list caps too
+        try:
+            check_request_limits(item.request, runtime.settings)
+        except InvalidRequest as exc:
+            raise InvalidBatch(f"invalid batch: item {item.id!r}: {exc}") from exc
 
     def submit() -> tuple[str, bool]:
         from webctx.workers.batch import submit_batch

@@ -98,6 +98,16 @@ def test_domain_lists_past_their_caps_are_422(api_stack: ApiStack) -> None:
     assert at_caps.status_code == 202, at_caps.text
 
 
+def test_batch_items_past_the_domain_caps_are_422(api_stack: ApiStack) -> None:
+    items = [{"id": "ok", "question": QUESTION, "include_domains": ["x.io"]},
+             {"id": "long", "question": QUESTION, "exclude_domains": ["x.io"] * 101}]  # fmt: skip
+    with api_stack.client() as c:
+        resp = c.post("/v1/batches", params={"name": "domains"}, json=items)
+    assert resp.status_code == 422, resp.text
+    assert "item 'long'" in resp.json()["message"]
+    assert "exclude_domains" in resp.json()["message"]
+
+
 def test_context_of_a_failed_job_returns_its_bundle(api_stack: ApiStack) -> None:
     body = {"question": QUESTION, "include_domains": ["nothing-matches.invalid"],
             "timeout_s": 60}  # fmt: skip
