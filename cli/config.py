@@ -143,7 +143,8 @@ def reference_markdown() -> str:
     for row in rows:
         if row.path in SECTIONS:
             out += ["", f"## {SECTIONS[row.path]}", ""]
-            out += _table([r for r in rows if r.path in _section_of(row.path)])
+            section = _section_of(row.path)
+            out += _table([r for r in rows if r.path in section])
     for name, model in groups.items():
         intro = re.sub(r"(WEBCTX_\w+__<NAME>)", r"`\1`", " ".join((model.__doc__ or "").split()))
         out += ["", f"## {GROUP_TITLES.get(name, name)}", "", intro, ""]
@@ -156,7 +157,8 @@ def reference_markdown() -> str:
 
 
 def _section_of(start: str) -> set[str]:
-    names = [n for n in Settings.model_fields if n not in _groups()]
+    groups = _groups()
+    names = [n for n in Settings.model_fields if n not in groups]
     begin = names.index(start)
     end = next((i for i in range(begin + 1, len(names)) if names[i] in SECTIONS), len(names))
     return set(names[begin:end])
