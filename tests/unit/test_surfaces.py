@@ -4,12 +4,15 @@ fails here until every surface takes it (or the exclusion lists below say why no
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
+import redis
 import typer.main
 from mcp import Client
 
+from tests.conftest import clean_env, redis_url, run_cli
 from webctx.api.deps import Runtime
 from webctx.api.http import create_app
 from webctx.api.mcp import build_mcp
@@ -17,6 +20,7 @@ from webctx.cli.main import cli
 from webctx.jobs.batch_items import parse_item
 from webctx.models import JobRequest
 from webctx.settings import Settings
+from webctx.workers.deps import stores_on
 
 FIELDS = set(JobRequest.model_fields)
 
@@ -93,3 +97,25 @@ def test_batch_item_sets_every_job_field() -> None:
 def test_batch_item_with_an_unknown_field_is_refused() -> None:
     item, error = parse_item({"id": 1, "question": "q", "max_source": 3})
     assert item is None and error == "unknown field(s) ['max_source'] (id 1)"
+
+
+def test_cli_research_options_reach_the_submitted_job(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # --no-wait only queues the job: no worker is needed to read back what was submitted.
+    env = clean_env(CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    done = run_cli(env, "research", "how do heat pumps work?", "--no-wait",
+                   "--max-sources", "3", "--top-k", "7", "--token-budget", "900",
+                   "--max-queries", "2", "--include-domain", "energy.example",
+                   "--include-domain", "heat.example", "--exclude-domain", "spam.example",
+                   "--recency-days", "30", "--max-age", "0", "--stale-if-error")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    jobs = stores_on(redis_client, Settings()).jobs
+    submitted = jobs.request(done.stdout.strip()).model_dump()
+    assert submitted == {
+        "question": "how do heat pumps work?", "max_sources": 3, "top_k": 7,
+        "token_budget": 900, "max_queries": 2,
+        "include_domains": ["energy.example", "heat.example"],
+        "exclude_domains": ["spam.example"], "recency_days": 30, "max_age": 0,
+        "stale_if_error": True,
+    }  # fmt: skip
