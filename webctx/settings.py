@@ -252,18 +252,13 @@ DEPRECATED_ENV: dict[str, str] = {
     "WEBCTX_OPENAI_API_KEY": "OPENAI_API_KEY",
 }
 """Old second names of settings: still read, with a warning, when the current name is unset."""
-_CONVENTIONAL = {
-    "CELERY_BROKER_URL": "broker_url",
-    "CELERY_RESULT_BACKEND": "result_backend",
-    "OPENAI_BASE_URL": "openai_base_url",
-    "OPENAI_API_KEY": "openai_api_key",
-}
 
 
 def setting_path(env_name: str) -> tuple[str, ...]:
     """The field path an env name sets: `WEBCTX_FETCH__MAX_BYTES` -> ("fetch", "max_bytes")."""
-    if env_name in _CONVENTIONAL:
-        return (_CONVENTIONAL[env_name],)
+    for name, field in Settings.model_fields.items():
+        if field.validation_alias == env_name:  # the conventional CELERY_/OPENAI_ names
+            return (name,)
     return tuple(env_name.removeprefix("WEBCTX_").lower().split("__"))
 
 
