@@ -233,6 +233,11 @@ NOT_SETTINGS_PREFIXES = ("WEBCTX_BENCH_", "WEBCTX_TEST_")
 """Variables of the deployment files, benchmarks and tests: not settings, and not typos."""
 
 
+def _env_of(loc: tuple[int | str, ...]) -> str:
+    """The variable of an error in a whole group (`WEBCTX_FETCH`) or not a field."""
+    return "WEBCTX_" + "__".join(str(part) for part in loc).upper()
+
+
 def unknown_names(environ: Mapping[str, str]) -> list[str]:
     """`WEBCTX_` variables that set nothing (a typo is otherwise silently ignored)."""
     known = {r.env for r in setting_rows()} | set(DEPRECATED_ENV) | NOT_SETTINGS
@@ -260,7 +265,7 @@ def config(
     except ValidationError as exc:
         envs = {row.path: row.env for row in setting_rows()}
         problems = "; ".join(
-            f"{envs.get('.'.join(map(str, e['loc'][:2])), e['loc'])}: {e['msg']}"
+            f"{envs.get('.'.join(map(str, e['loc'][:2])), _env_of(e['loc']))}: {e['msg']}"
             for e in exc.errors()
         )
         raise fail(f"invalid settings: {problems}") from exc

@@ -133,3 +133,11 @@ def test_config_warns_about_a_variable_that_sets_nothing(clean_env: pytest.Monke
     assert result.exit_code == 0
     assert "warning: WEBCTX_FETCH__MAX_BYTE is not a webctx setting (ignored)" in result.stderr
     assert "WEBCTX_FETCH__MAX_BYTE=" not in result.stdout
+
+
+def test_config_names_a_group_error_by_its_group(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("WEBCTX_FETCH__USER_AGENT", "MyBot/1.0")  # lacks the product token
+    result = CliRunner().invoke(cli, ["config"])
+    assert result.exit_code == 2
+    assert "error: invalid settings: WEBCTX_FETCH: " in result.output
+    assert "Traceback" not in result.output
