@@ -33,7 +33,7 @@ FLOORS: list[set[str]] = [
         "webctx.allocator",
     },
     {"webctx.protocols", "webctx.tokens"},
-    {"webctx.settings", "webctx.devweb"},
+    {"webctx.env_names", "webctx.settings", "webctx.devweb"},
     {"webctx.net"},
     {"webctx.stages"},
     {"webctx.jobs", "webctx.adapters"},
