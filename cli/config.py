@@ -202,13 +202,22 @@ def _mask_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def _json_keys(text: str | None) -> set[str]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return set()
+    return {str(key) for key in value} if isinstance(value, dict) else set()
+
+
 def source_of(row: SettingRow, environ: Mapping[str, str]) -> str:
     """Where a setting's value came from, given the environment the settings were read from."""
     if row.env in environ:
         return f"environment ({row.env})"
     if "." in row.path:
-        group_env = f"WEBCTX_{row.path.split('.')[0]}".upper()
-        if group_env in environ:
+        group, name = row.path.split(".", 1)
+        group_env = f"WEBCTX_{group}".upper()
+        if name in _json_keys(environ.get(group_env)):
             return f"environment ({group_env}, JSON)"
     for old, new in DEPRECATED_ENV.items():
         if new == row.env and old in environ:

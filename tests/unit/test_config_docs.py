@@ -86,6 +86,7 @@ def test_config_names_each_setting_source(clean_env: pytest.MonkeyPatch) -> None
     assert rows["WEBCTX_SEARCH_PROVIDER"]["source"] == "environment (WEBCTX_SEARCH_PROVIDER)"
     assert rows["WEBCTX_RENDER__SETTLE_MS"]["value"] == 9
     assert rows["WEBCTX_RENDER__SETTLE_MS"]["source"] == "environment (WEBCTX_RENDER, JSON)"
+    assert rows["WEBCTX_RENDER__JS_HEAP_MB"]["source"] == "default"  # not in that JSON
     assert rows["WEBCTX_EMBED__RPM"]["value"] == 50
     assert "WEBCTX_EMBED_RPM, deprecated" in str(rows["WEBCTX_EMBED__RPM"]["source"])
     assert rows["WEBCTX_FETCH__MAX_REDIRECTS"] == {
