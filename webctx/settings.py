@@ -393,8 +393,8 @@ class Settings(BaseSettings):
     `job_ttl_s`): a job submitted past it (`POST /v1/jobs`, `/v1/context`, MCP web_context) is
     refused with 403 (0: no limit). Batch items count but are never refused."""
     api_max_domains: int = Field(default=100, ge=1)
-    """Entries of a job's `include_domains` / `exclude_domains` at most (API, MCP, and the
-    items of `POST /v1/batches`); more: 422."""
+    """Entries of a job's `include_domains` / `exclude_domains` at most (API, MCP, `webctx
+    research` and the items of `POST /v1/batches`); more: 422."""
     api_max_domain_chars: int = Field(default=253, ge=1)
     """Characters of one such entry at most (a DNS name has at most 253; 422 beyond)."""
     mcp_wait_s: float = Field(default=50.0, ge=0)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from webctx.cli.app import cli
 from webctx.cli.config import (
     BEGIN,
     MASK,
@@ -19,7 +20,6 @@ from webctx.cli.config import (
     replace_generated,
     setting_rows,
 )
-from webctx.cli.app import cli
 from webctx.settings import Settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

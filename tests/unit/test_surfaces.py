@@ -16,7 +16,7 @@ from tests.conftest import clean_env, redis_url, run_cli
 from webctx.api.deps import Runtime
 from webctx.api.http import create_app
 from webctx.api.mcp import build_mcp
-from webctx.cli.main import cli
+from webctx.cli.app import cli
 from webctx.jobs.batch_items import parse_item
 from webctx.models import JobRequest
 from webctx.settings import Settings
@@ -32,7 +32,8 @@ MCP_EXCLUDED: set[str] = set()
 BATCH_EXCLUDED: set[str] = set()
 
 # Options a surface has that are not job fields (how to wait, how to print).
-CLI_ONLY = {"format", "no_wait", "timeout"}
+# idempotency_key: on the API it is the Idempotency-Key header, not a body field.
+CLI_ONLY = {"format", "no_wait", "timeout", "idempotency_key"}
 API_ONLY = {"format", "timeout_s"}
 MCP_ONLY = {"wait_s"}
 
