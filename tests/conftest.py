@@ -7,18 +7,28 @@ starts get the same URL through their environment)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-import redis
+# Before anything imports webctx: the Celery app takes its default broker, the local
+# service's socket in the data directory, at import; no test process may reach the user's.
+# Each test then gets its own directory (the `data_dir` fixture).
+_SCRATCH = tempfile.mkdtemp(prefix="webctx-test-data-")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+os.environ["WEBCTX_DATA_DIR"] = _SCRATCH
 
-from tests.testweb import LoopbackWeb, start_test_web
+import pytest  # noqa: E402
+import redis  # noqa: E402
+
+from tests.testweb import LoopbackWeb, start_test_web  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_HOST = os.environ.get("WEBCTX_TEST_REDIS_HOST", "127.0.0.1")

@@ -159,7 +159,8 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     again = run_cli(env, "service", "start")
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["pid"] != first
-    assert run_cli(env, "service", "status").returncode == 0
+    # Checked in this process: a CLI's start can outlast the 1 s idle time on a busy machine.
+    assert service_pid(data_dir) == json.loads(again.stdout)["pid"]
     # Idle for a second (no task, no queued message, no request): it exits, and its
     # Valkey with it (no client is connected).
     _wait_for(lambda: service_pid(data_dir) is None, 30, "the idle exit")

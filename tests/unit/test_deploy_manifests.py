@@ -231,7 +231,10 @@ def test_keda_and_hpa_scale_every_worker_on_its_own_queue() -> None:
 def test_kubectl_kustomize_renders_what_the_loader_renders(tree: str) -> None:
     done = subprocess.run(
         ["kubectl", "kustomize", str(K8S / tree)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     theirs = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(done.stdout) if d}
@@ -322,7 +325,9 @@ def test_every_routed_queue_scales_its_consumer_under_keda_and_hpa() -> None:
     assert queues <= scaled, queues - scaled
 
 
-def test_every_routed_queue_has_a_depth_series_and_a_dashboard_line() -> None:
+def test_every_routed_queue_has_a_depth_series_and_a_dashboard_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from fastapi import FastAPI
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -331,8 +336,10 @@ def test_every_routed_queue_has_a_depth_series_and_a_dashboard_line() -> None:
     from webctx.workers.metrics import MetricsEndpoint, observe_api
 
     queues = routed_queues()
+    # An in-process broker: the default one is the local service's, not started here.
+    monkeypatch.setattr(app.conf, "broker_url", "memory://")
     api = FastAPI()
-    observe_api(api, app)  # what the API serves at /metrics (an in-process broker here)
+    observe_api(api, app)  # what the API serves at /metrics
     (endpoint,) = [r.endpoint for r in api.router.routes if getattr(r, "path", "") == "/metrics"]
     assert isinstance(endpoint, MetricsEndpoint)
     depths = {
