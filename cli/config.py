@@ -43,6 +43,7 @@ GROUP_TITLES = {
     "render": "Rendering",
     "chunk": "Chunking",
     "embed": "Embedding requests and the local model",
+    "prefilter": "The lexical first pass of one-off jobs",
     "index": "Index (docs/index.md)",
     "batch": "Batches (docs/batch.md)",
 }

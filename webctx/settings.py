@@ -202,6 +202,25 @@ class EmbedSettings(_Group):
     several worker processes share few cores."""
 
 
+class PrefilterSettings(_Group):
+    """The lexical first pass of a one-off job (WEBCTX_PREFILTER__<NAME>): only the chunks
+    the ranker can reach are embedded before the bundle, the rest afterwards for the index
+    (webctx.stages.prefilter; measured in docs/benchmarks.md)."""
+
+    when: Literal["local", "always", "never"] = "local"
+    """`local`: when the embedder runs in this process (the local model: every chunk costs
+    CPU time); `always`: with an embeddings API too (fewer tokens for the same wait); `never`:
+    every chunk of every page is embedded as its page arrives. Batch items' pages always are.
+    In broker mode the pages are embedded and stored whole after the answer, for the index
+    (`webctx.index_later`, store queue, low priority); the embedded default skips that."""
+    chunks: int = Field(default=256, ge=0)
+    """The best chunks by BM25 over all the job's chunks."""
+    per_page: int = Field(default=2, ge=0)
+    """Each page's best chunks by BM25, besides."""
+    neighbours: int = Field(default=32, ge=0)
+    """The chunks next to this many of the best BM25 hits, besides."""
+
+
 class BatchSettings(_Group):
     """Batches of questions (WEBCTX_BATCH__<NAME>); see docs/batch.md."""
 
@@ -317,8 +336,10 @@ class Settings(BaseSettings):
     """Job keys (and stored pages) expire this long after their last write."""
     job_timeout_s: float = 600.0
     """Deadline of a job: the watchdog ranks what it has (or fails the job) at this age."""
-    worker_concurrency: int = 8
-    """Threads of the local service's worker, and the default `--concurrency` of `webctx worker`."""
+    worker_concurrency: int = 24
+    """Threads of the local service's worker, and the default `--concurrency` of `webctx worker`.
+    A fetch task holds a thread while its page downloads: with fewer threads than a job's
+    sources the pages are fetched in waves (docs/benchmarks.md, `latency`)."""
     service_idle_s: float = Field(default=600.0, ge=0)
     """The local service (no `CELERY_BROKER_URL`) exits after this many seconds with no task
     running, no message queued and no client request; the next client starts it again (about 2–3
@@ -406,6 +427,7 @@ class Settings(BaseSettings):
     render: RenderSettings = RenderSettings()
     chunk: ChunkSettings = ChunkSettings()
     embed: EmbedSettings = EmbedSettings()
+    prefilter: PrefilterSettings = PrefilterSettings()
     index: IndexSettings = IndexSettings()
     batch: BatchSettings = BatchSettings()
 

@@ -113,6 +113,8 @@ task_routes = {
     # store and rank are the only stages that open the vector store (the embedded engine
     # admits one process: give it `-Q store,rank`, and every other queue to any worker).
     "webctx.store": {"queue": "store"},
+    # A one-off job's pages indexed after its answer: embedding and storing in one task.
+    "webctx.index_later": {"queue": "store"},
     "webctx.rank": {"queue": "rank"},
     # An index search reads the vector store as rank does, and must not wait behind re-index
     # runs; the rest of the index's tasks re-index.

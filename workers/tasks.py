@@ -7,7 +7,7 @@ start the next stage through the engine's fan-in.
 from __future__ import annotations
 
 from webctx.jobs import pages, steps
-from webctx.workers.app import app, worker_deps
+from webctx.workers.app import app, broker_priority, worker_deps
 from webctx.workers.policy import StageTask
 
 
@@ -65,3 +65,10 @@ def rank(self: StageTask, job_id: str, force: bool = False) -> str:
     """Rank the job's chunks into a cited bundle; `force` is the deadline watchdog."""
     steps.rank_job(worker_deps().engine, job_id, force=force, retry=self.retry_transient)
     return job_id
+
+
+@app.task(name="webctx.index_later", bind=True, priority=broker_priority(9))
+def index_later(self: StageTask, job_id: str, url_id: str) -> str:
+    """Embed and store every chunk of an answered job's page, for the index (low priority)."""
+    pages.index_later(worker_deps().engine, job_id, url_id, retry=self.retry_transient)
+    return url_id

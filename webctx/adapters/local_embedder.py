@@ -36,6 +36,8 @@ def local_available() -> bool:
 class LocalEmbedder:
     """Sentence embeddings (384 dimensions, unit length) computed in-process on CPU."""
 
+    in_process = True  # every chunk costs this machine CPU time (webctx.jobs.steps.prefiltered)
+
     def __init__(self, *, batch_size: int = 64, device: str = "cpu") -> None:
         self.model = MODEL
         self.dimensions: int | None = None  # the model's own size; not a shortening request

@@ -53,6 +53,8 @@ def cores_present() -> int:
 class OnnxEmbedder:
     """Sentence embeddings (384 dimensions, unit length) on ONNX Runtime, fp32 or int8."""
 
+    in_process = True  # every chunk costs this machine CPU time (webctx.jobs.steps.prefiltered)
+
     def __init__(self, *, cache_dir: Path, quantized: bool = True, threads: int | None = None,
                  batch_size: int = 64) -> None:  # fmt: skip
         self.model = MODEL

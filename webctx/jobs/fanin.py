@@ -2,6 +2,8 @@
 
     plan ─► search × queries ─► (last search) choose URLs ─► fetch × URLs ─► embed × pages
          ─► store × pages ─► (last page settled) rank ─► bundle
+    a one-off job (the lexical first pass): fetch × URLs ─► (last page fetched) rank
+         ─► bundle ─► index_later × pages (low priority)
     a script-filled page: fetch ─► render ─► embed (its fetch completes when render ends)
       └──► embed_question (the question's vector into the embedding cache, ahead of rank)
 
@@ -82,6 +84,12 @@ class FanIn:
     def to_store(self, job_id: str, url_id: str) -> None:
         """Write one embedded page's staged chunks to the vector store."""
         self.start("store", [(job_id, url_id)])
+
+    def index_later(self, job_id: str, url_ids: Sequence[str]) -> None:
+        """Index the answered job's pages (every chunk, for the index): the lexical first
+        pass embedded only the chunks the ranker could reach."""
+        if url_ids:
+            self.start("index_later", [(job_id, url_id) for url_id in url_ids])
 
     def settled(self, job_id: str, url_id: str) -> None:
         """One page is settled (stored, nothing to store, or failed); the last one starts

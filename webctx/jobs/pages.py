@@ -18,7 +18,7 @@ from webctx.errors import TransientError
 from webctx.jobs.engine import Engine, Retry
 from webctx.jobs.fetching import fetch_for_job
 from webctx.jobs.rendering import ToRender, render_for_job
-from webctx.jobs.steps import record_failure
+from webctx.jobs.steps import prefiltered, record_failure
 from webctx.models import Failure, Page
 from webctx.stages.compose import EmbeddedPage, IndexOutcome, embed_page, store_page
 
@@ -64,7 +64,9 @@ def _get_page(engine: Engine, job_id: str, url_id: str, stage: str, get: GetPage
 def _fetched(engine: Engine, job_id: str, url_id: str, page: Page | None) -> None:
     """The page's fetch is complete: on to embed, or settled (failed, or stored already)."""
     engine.fanin.fetched(job_id, url_id)
-    if page is not None and not _stored_already(engine, job_id, url_id, page):
+    if page is not None and prefiltered(engine, job_id):
+        engine.fanin.settled(job_id, url_id)  # rank embeds what it can reach of it
+    elif page is not None and not _stored_already(engine, job_id, url_id, page):
         engine.fanin.to_embed(job_id, url_id)
     else:
         engine.fanin.settled(job_id, url_id)
@@ -103,6 +105,27 @@ def store_one(engine: Engine, job_id: str, url_id: str, *, retry: Retry) -> None
                 _store_staged(engine, job_id, url_id, page, retry)
         jobs.mark_stage(job_id, "store", start=False)
     engine.fanin.settled(job_id, url_id)
+
+
+def index_later(engine: Engine, job_id: str, url_id: str, *, retry: Retry) -> None:
+    """Chunk, embed and store every chunk of an answered one-off job's page, for the
+    index (its chunks that the first pass embedded come from the embedding cache). Runs
+    where the vector store is open, at low priority; a failure is logged, the job is done."""
+    page = engine.jobs.page_for(job_id, url_id)
+    if page is None or engine.stored.chunks(page.content_sha256) is not None:
+        return
+    try:
+        embedded = _embed(engine, page)
+        written = store_page(embedded, store=engine.store, url=page.final_url,
+                             model=engine.embedder.model)  # fmt: skip
+    except TransientError as exc:
+        retry(exc)
+        logger.warning("page not indexed", extra={"job_id": job_id, "url": page.url,
+                                                  "error": str(exc)})  # fmt: skip
+        return
+    engine.stored.mark(page.content_sha256, written)
+    logger.info("page indexed after its job", extra={"job_id": job_id, "url": page.url,
+                                                     "chunks": written})  # fmt: skip
 
 
 def _stored_already(engine: Engine, job_id: str, url_id: str, page: Page) -> bool:

@@ -15,9 +15,9 @@ import redis
 
 from webctx.errors import TransientError, WebctxError
 from webctx.jobs.engine import Engine, Retry
-from webctx.models import BundleStats, Failure, JobStatus, SearchResult
+from webctx.models import Bundle, BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.stages.bundle import build_bundle
-from webctx.stages.compose import answer_question
+from webctx.stages.compose import answer_prefiltered, answer_question
 from webctx.stages.embed import embed_with_cache
 from webctx.stages.search import search_query
 
@@ -137,15 +137,19 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
     if not pages:
         _finish_failed(engine, job_id, request.question, queries, failures, stats, force=force)
         return
+    lexical_first = prefiltered(engine, job_id)
     try:
-        bundle = answer_question(
-            job_id=job_id, question=request.question, queries=queries, pages=pages,
-            failures=failures, stats=stats, embedder=engine.embedder, store=engine.store,
-            top_k=request.top_k, token_budget=request.token_budget,
-            embedding=engine.settings.embed, cache=engine.cache, limiter=engine.limiter,
-            question_vector=_question_ahead(engine, job_id, request.question),
-            retrievals=jobs.retrievals(job_id),
-        )  # fmt: skip
+        if lexical_first:
+            bundle = _answer_prefiltered(engine, job_id, queries, pages, failures, stats)
+        else:
+            bundle = answer_question(
+                job_id=job_id, question=request.question, queries=queries, pages=pages,
+                failures=failures, stats=stats, embedder=engine.embedder, store=engine.store,
+                top_k=request.top_k, token_budget=request.token_budget,
+                embedding=engine.settings.embed, cache=engine.cache, limiter=engine.limiter,
+                question_vector=_question_ahead(engine, job_id, request.question),
+                retrievals=jobs.retrievals(job_id),
+            )  # fmt: skip
     except TransientError as exc:
         retry(exc)
         jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc}")
@@ -162,6 +166,40 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
     if jobs.save_bundle(job_id, bundle):
         jobs.set_status(job_id, JobStatus.SUCCEEDED)
         logger.info("job succeeded", extra={"job_id": job_id, "chunks": len(bundle.chunks)})
+        if lexical_first:  # the pages' every chunk, for the index, after the answer
+            fetched = [u for u in jobs.urls(job_id) if jobs.page_for(job_id, u) is not None]
+            engine.fanin.index_later(job_id, fetched)
+
+
+def prefiltered(engine: Engine, job_id: str) -> bool:
+    """True when the job's chunks go through the lexical first pass: its pages are not
+    embedded as they arrive, rank embeds the chunks it can reach (`answer_prefiltered`) and
+    the pages are indexed afterwards. Not for batch items: their pages are for the index."""
+    when = engine.settings.prefilter.when
+    local = getattr(engine.embedder, "in_process", False)
+    if when == "never" or (when == "local" and not local):
+        return False
+    return engine.jobs.batch_of(job_id) is None
+
+
+def _answer_prefiltered(
+    engine: Engine,
+    job_id: str,
+    queries: list[str],
+    pages: dict[str, Page],
+    failures: list[Failure],
+    stats: BundleStats,
+) -> Bundle:
+    """The bundle of a prefiltered job, from its pages and the question's vector."""
+    request, settings = engine.jobs.request(job_id), engine.settings
+    return answer_prefiltered(
+        job_id=job_id, question=request.question, queries=queries, pages=pages,
+        failures=failures, stats=stats, embedder=engine.embedder, top_k=request.top_k,
+        token_budget=request.token_budget, chunking=settings.chunk, embedding=settings.embed,
+        prefilter=settings.prefilter, cache=engine.cache, limiter=engine.limiter,
+        question_vector=_question_ahead(engine, job_id, request.question),
+        retrievals=engine.jobs.retrievals(job_id),
+    )  # fmt: skip
 
 
 def record_failure(

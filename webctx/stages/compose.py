@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from webctx.models import Bundle, BundleStats, Chunk, Failure, Page, Retrieval, ScoredChunk
 from webctx.net.ratelimit import RedisRateLimiter
 from webctx.protocols import Embedder, EmbeddingCache, VectorStore
-from webctx.settings import ChunkSettings, EmbedSettings
+from webctx.settings import ChunkSettings, EmbedSettings, PrefilterSettings
 from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page
 from webctx.stages.embed import CachedEmbedOutcome, embed_texts, embed_with_cache
-from webctx.stages.rank import fuse_lexical, rank_chunks
+from webctx.stages.prefilter import select_candidates
+from webctx.stages.rank import RRF_K, fuse_lexical, rank_chunks, ranks_by_score, rrf
 from webctx.stages.store import make_points, store_chunks, vector_lookup
 
 
@@ -202,3 +205,103 @@ def answer_question(
         stats=stats,
         retrievals=retrievals,
     )
+
+
+@dataclass
+class Prefiltered:
+    """A one-off job's candidates after the lexical first pass (`prefilter_candidates`):
+    the embedded ones, fused and with their vectors, and how many chunks were deferred."""
+
+    candidates: list[ScoredChunk]
+    deferred: int
+
+
+def prefilter_candidates(
+    *,
+    question: str,
+    pages: Mapping[str, Page],
+    stats: BundleStats,
+    embedder: Embedder,
+    chunking: ChunkSettings,
+    embedding: EmbedSettings,
+    prefilter: PrefilterSettings,
+    cache: EmbeddingCache | None = None,
+    limiter: RedisRateLimiter | None = None,
+    question_vector: Sequence[float] | None = None,
+) -> Prefiltered:
+    """Chunk the job's pages, keep the chunks BM25 (over all of them) says the ranker can
+    reach, embed those (and the question, unless given) in as few requests as the caps
+    allow, and fuse their cosine and BM25 ranks as `fuse_lexical` does."""
+    size, overlap = chunking.max_tokens, chunking.overlap_tokens
+    chunks = [
+        c for p in pages.values() for c in chunk_page(p, max_tokens=size, overlap_tokens=overlap)
+    ]
+    lexical = select_candidates(
+        question, chunks, limit=prefilter.chunks, per_page=prefilter.per_page,
+        neighbours=prefilter.neighbours,
+    )  # fmt: skip
+    chosen = [chunks[i] for i in lexical.selected]
+    texts = [c.text for c in chosen]
+    if question_vector is None:
+        texts.insert(0, question)
+    outcome = _embed_chunks(texts, embedder, embedding, cache, limiter)
+    stats.embed_requests += outcome.requests
+    stats.tokens_embedded += outcome.tokens
+    stats.cache_hits += outcome.cache_hits
+    stats.tokens_saved += outcome.tokens_saved
+    stats.chunks = len(chunks)
+    vectors = outcome.vectors
+    if question_vector is None:
+        question_vector, vectors = vectors[0], vectors[1:]
+    cosines = _cosines(question_vector, vectors)
+    bm25 = [lexical.scores[i] for i in lexical.selected]
+    fused = rrf([ranks_by_score(cosines), ranks_by_score(bm25)], k=RRF_K)
+    candidates = [
+        ScoredChunk(chunk=c, url=pages[c.content_sha256].url, score=fused[n], vector=v)
+        for n, (c, v) in enumerate(zip(chosen, vectors, strict=True))
+    ]
+    return Prefiltered(candidates, deferred=len(lexical.deferred))
+
+
+def _cosines(question: Sequence[float], vectors: Sequence[Sequence[float]]) -> list[float]:
+    """Cosine of each vector with the question's (0.0 for a zero vector)."""
+    if not vectors:
+        return []
+    matrix = np.asarray(vectors, dtype=np.float64)
+    q = np.asarray(question, dtype=np.float64)
+    norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(q) or 1.0)
+    return [float(x) for x in np.divide(matrix @ q, norms, out=np.zeros(len(matrix)),
+                                        where=norms > 0)]  # fmt: skip
+
+
+def answer_prefiltered(
+    *,
+    job_id: str,
+    question: str,
+    queries: Sequence[str],
+    pages: Mapping[str, Page],
+    failures: Sequence[Failure],
+    stats: BundleStats,
+    embedder: Embedder,
+    top_k: int,
+    token_budget: int,
+    chunking: ChunkSettings,
+    embedding: EmbedSettings,
+    prefilter: PrefilterSettings,
+    cache: EmbeddingCache | None = None,
+    limiter: RedisRateLimiter | None = None,
+    question_vector: Sequence[float] | None = None,
+    retrievals: Mapping[str, Retrieval] | None = None,
+) -> Bundle:
+    """A one-off job's bundle from its pages alone: `prefilter_candidates`, then pack and
+    cite as `answer_question` does. The vector store is not read (nor written: the pages
+    are stored afterwards, for the index)."""
+    found = prefilter_candidates(
+        question=question, pages=pages, stats=stats, embedder=embedder, chunking=chunking,
+        embedding=embedding, prefilter=prefilter, cache=cache, limiter=limiter,
+        question_vector=question_vector,
+    )  # fmt: skip
+    ranked = rank_chunks(found.candidates, top_k=top_k, token_budget=token_budget)
+    return build_bundle(job_id=job_id, question=question, queries=queries, pages=pages,
+                        ranked=ranked, failures=failures, stats=stats,
+                        retrievals=retrievals)  # fmt: skip
