@@ -1,0 +1,96 @@
+"""Which jobs take the lexical first pass, and the tasks such a job starts: rank straight
+after the fetches, then one index task per page."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.factories import make_page
+from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.jobs.steps import prefiltered
+from webctx.models import JobRequest, JobStatus
+from webctx.settings import PrefilterSettings, Settings
+from webctx.stages.chunk import chunk_page
+from webctx.workers import tasks
+from webctx.workers.app import set_deps
+from webctx.workers.deps import Deps, build_deps
+
+_TEXT = "\n\n".join(f"The harbour record {i} notes ships and tides." for i in range(60)) + (
+    "\n\nThe glacier retreated in 1850, the record says."
+)
+
+
+class InProcessEmbedder(HashEmbedder):
+    """An embedder that says it runs in this process, as the local model does."""
+
+    in_process = True
+
+
+Started = list[tuple[str, list[tuple[str | int, ...]]]]
+
+
+def _deps(tmp_path: Path, started: Started, **prefilter: object) -> Deps:
+    settings = Settings(embedding_provider="hash", qdrant_path=tmp_path / "q",
+                        prefilter=PrefilterSettings.model_validate(prefilter))  # fmt: skip
+
+    def start(stage: str, arguments: Sequence[tuple[str | int, ...]]) -> None:
+        started.append((stage, list(arguments)))
+
+    deps = build_deps(settings, start=start)
+    set_deps(deps)
+    return deps
+
+
+@pytest.mark.parametrize(
+    ("when", "in_process", "batch", "expected"),
+    [
+        ("local", True, None, True),
+        ("local", False, None, False),  # an API: every chunk as its page arrives
+        ("always", False, None, True),
+        ("never", True, None, False),
+        ("always", True, "b1", False),  # a batch item's pages are for the index
+    ],
+)
+def test_which_jobs_take_the_first_pass(
+    tmp_path: Path, when: str, in_process: bool, batch: str | None, expected: bool
+) -> None:
+    deps = _deps(tmp_path, [], when=when)
+    embedder = InProcessEmbedder() if in_process else HashEmbedder()
+    engine = dataclasses.replace(deps.engine, embedder=embedder)
+    try:
+        job_id = deps.jobs.create(JobRequest(question="when?"), batch=batch)
+        assert prefiltered(engine, job_id) is expected
+    finally:
+        set_deps(None)
+
+
+def test_a_first_pass_job_ranks_after_its_fetches_then_indexes_each_page(
+    tmp_path: Path,
+) -> None:
+    started: Started = []
+    deps = _deps(tmp_path, started, when="always", chunks=4, per_page=0, neighbours=0)
+    try:
+        job_id = deps.jobs.create(JobRequest(question="when did the glacier retreat?"))
+        url_id = next(iter(deps.jobs.set_urls(job_id, ["https://example.org/a"])))
+        page = make_page(text=_TEXT)
+        deps.jobs.save_page(job_id, url_id, page)
+        tasks.fetch.run(job_id, url_id)  # the page is there: on to what follows a fetch
+        assert [stage for stage, _ in started] == ["rank"]  # no embed or store task
+        tasks.rank.run(job_id)
+        assert deps.jobs.status(job_id) is JobStatus.SUCCEEDED
+        bundle = deps.jobs.bundle(job_id)
+        assert bundle is not None and "1850" in bundle.chunks[0].text
+        assert deps.engine.store.count() == 0  # answered from the first pass alone
+        assert started[-1] == ("index_later", [(job_id, url_id)])
+        tasks.index_later.run(job_id, url_id)
+        chunks = len(chunk_page(page, max_tokens=64, overlap_tokens=0))
+        assert bundle.stats.chunks == chunks > 4
+        assert deps.engine.store.count() == chunks
+        assert deps.engine.stored.chunks(page.content_sha256) == chunks
+    finally:
+        set_deps(None)
+        deps.close()
