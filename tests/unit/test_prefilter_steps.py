@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import redis_url
 from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.jobs.steps import prefiltered
@@ -34,7 +35,10 @@ Started = list[tuple[str, list[tuple[str | int, ...]]]]
 
 
 def _deps(tmp_path: Path, started: Started, **prefilter: object) -> Deps:
+    """Broker mode (the embedded default indexes nothing after the answer: its process
+    exits with it), tasks recorded instead of sent."""
     settings = Settings(embedding_provider="hash", qdrant_path=tmp_path / "q",
+                        broker_url=redis_url(), redis_url=redis_url(),
                         prefilter=PrefilterSettings.model_validate(prefilter))  # fmt: skip
 
     def start(stage: str, arguments: Sequence[tuple[str | int, ...]]) -> None:
@@ -56,7 +60,12 @@ def _deps(tmp_path: Path, started: Started, **prefilter: object) -> Deps:
     ],
 )
 def test_which_jobs_take_the_first_pass(
-    tmp_path: Path, when: str, in_process: bool, batch: str | None, expected: bool
+    tmp_path: Path,
+    redis_client: object,
+    when: str,
+    in_process: bool,
+    batch: str | None,
+    expected: bool,
 ) -> None:
     deps = _deps(tmp_path, [], when=when)
     embedder = InProcessEmbedder() if in_process else HashEmbedder()
@@ -69,7 +78,7 @@ def test_which_jobs_take_the_first_pass(
 
 
 def test_a_first_pass_job_ranks_after_its_fetches_then_indexes_each_page(
-    tmp_path: Path,
+    tmp_path: Path, redis_client: object
 ) -> None:
     started: Started = []
     deps = _deps(tmp_path, started, when="always", chunks=4, per_page=0, neighbours=0)
@@ -91,6 +100,24 @@ def test_a_first_pass_job_ranks_after_its_fetches_then_indexes_each_page(
         assert bundle.stats.chunks == chunks > 4
         assert deps.engine.store.count() == chunks
         assert deps.engine.stored.chunks(page.content_sha256) == chunks
+    finally:
+        set_deps(None)
+        deps.close()
+
+
+def test_the_embedded_default_indexes_nothing_after_the_answer(tmp_path: Path) -> None:
+    started: Started = []
+    settings = Settings(embedding_provider="hash", qdrant_path=tmp_path / "q",
+                        prefilter=PrefilterSettings(when="always"))  # fmt: skip
+    deps = build_deps(settings, start=lambda stage, args: started.append((stage, list(args))))
+    set_deps(deps)
+    try:
+        job_id = deps.jobs.create(JobRequest(question="when did the glacier retreat?"))
+        url_id = next(iter(deps.jobs.set_urls(job_id, ["https://example.org/a"])))
+        deps.jobs.save_page(job_id, url_id, make_page(text=_TEXT))
+        tasks.rank.run(job_id)
+        assert deps.jobs.status(job_id) is JobStatus.SUCCEEDED
+        assert "index_later" not in [stage for stage, _ in started]
     finally:
         set_deps(None)
         deps.close()
