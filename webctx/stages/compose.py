@@ -253,14 +253,29 @@ def prefilter_candidates(
     vectors = outcome.vectors
     if question_vector is None:
         question_vector, vectors = vectors[0], vectors[1:]
-    cosines = _cosines(question_vector, vectors)
     bm25 = [lexical.scores[i] for i in lexical.selected]
+    candidates = fuse_selected(question_vector, chosen, vectors, bm25, pages)
+    return Prefiltered(candidates, deferred=len(lexical.deferred))
+
+
+def fuse_selected(
+    question_vector: Sequence[float],
+    chosen: Sequence[Chunk],
+    vectors: Sequence[Sequence[float]],
+    bm25: Sequence[float],
+    pages: Mapping[str, Page],
+) -> list[ScoredChunk]:
+    """The chosen chunks scored by reciprocal rank fusion of their cosine to the question
+    and their BM25 (taken over all the job's chunks), with their vectors."""
+    cosines = _cosines(question_vector, vectors)
     fused = rrf([ranks_by_score(cosines), ranks_by_score(bm25)], k=RRF_K)
-    candidates = [
-        ScoredChunk(chunk=c, url=pages[c.content_sha256].url, score=fused[n], vector=v)
+    # Built without validation: our own chunks and floats (hundreds of 384-float vectors).
+    return [
+        ScoredChunk.model_construct(
+            chunk=c, url=pages[c.content_sha256].url, score=fused[n], vector=v
+        )  # fmt: skip
         for n, (c, v) in enumerate(zip(chosen, vectors, strict=True))
     ]
-    return Prefiltered(candidates, deferred=len(lexical.deferred))
 
 
 def _cosines(question: Sequence[float], vectors: Sequence[Sequence[float]]) -> list[float]:
