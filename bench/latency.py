@@ -1,0 +1,321 @@
+"""How close a research job comes to its critical path, with an embeddings API and with
+the local model, side by side in one run (issue #22).
+
+The held-out QA web: the SQuAD pages of shared/data/qa served on loopback by 20 servers,
+one per loopback address (as if on 20 hosts; per-host delay off), each page answering
+after 0.2-2 s (a fixed delay per page, drawn from its path); a SearxNG-compatible BM25
+search over them; an OpenAI-compatible embeddings endpoint (webctx.devweb.embeddings,
+vectors of all-MiniLM-L6-v2 from the bench/out/ cache) answering each request after
+0.3 s. Questions: held out from bench/answer_recall.py's seeds 0 and 1.
+
+Each job is `webctx research` on the embedded default, cold (a new data directory: no
+page, search or embedding cache), timed from the command's start (CLI wall) and by the
+bundle (job time, stages). Paths: the API (OPENAI_BASE_URL set) and the local model
+(nothing set: all-MiniLM-L6-v2 in process on ONNX Runtime). The critical path of a job
+is its slowest page, plus one embeddings round trip on the API path. Rows with levers
+(`--levers`) set the named WEBCTX_ variables.
+
+    WEBCTX_BENCH_LOCAL_BACKEND=onnx .venv/bin/python bench/latency.py [--questions 5]
+        [--levers] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._report import write_section  # noqa: E402
+from bench.answer_recall import draw_samples  # noqa: E402
+from bench.qa_web import (  # noqa: E402
+    MODEL,
+    OUT,
+    CachedMiniLM,
+    QADoc,
+    Question,
+    VectorCache,
+    _backend_suffix,
+    data_dir,
+    load_qa,
+    render_html,
+)
+from bench.recall_scoring import hit  # noqa: E402
+from webctx.devweb.embeddings import make_embeddings_app  # noqa: E402
+from webctx.devweb.searxng import SearchDoc, make_searxng_app  # noqa: E402
+from webctx.devweb.server import LoopbackServer  # noqa: E402
+from webctx.devweb.site import SitePage, make_site_app  # noqa: E402
+from webctx.models import Bundle, Download  # noqa: E402
+from webctx.settings import ChunkSettings  # noqa: E402
+from webctx.stages.chunk import chunk_page  # noqa: E402
+from webctx.stages.fetch import extract_page  # noqa: E402
+
+HOSTS = 20
+EMBED_LATENCY_S = 0.3
+TOKEN_BUDGET = 1000
+STAGES = ("plan", "search", "fetch", "embed", "store", "rank")
+
+
+def page_delay(path: str) -> float:
+    """A page's fixed delay, 0.2-2 s, drawn from its path."""
+    draw = int.from_bytes(hashlib.sha256(path.encode()).digest()[:4], "big") / 0xFFFFFFFF
+    return round(0.2 + 1.8 * draw, 3)
+
+
+@dataclass
+class LatencyWeb:
+    """The site on HOSTS loopback addresses, the search and the embeddings endpoint."""
+
+    sites: list[LoopbackServer]
+    search: LoopbackServer
+    embeddings: LoopbackServer
+    hits: collections.Counter[str]
+    delays: dict[str, float] = field(default_factory=dict)  # url -> delay
+
+    def stop(self) -> None:
+        """Stop every server."""
+        for server in (*self.sites, self.search, self.embeddings):
+            server.stop()
+
+
+def warm_vectors(docs: Sequence[QADoc], model: CachedMiniLM) -> int:
+    """Every chunk of every page into the vector cache before any job, so the endpoint
+    answers in its 0.3 s instead of computing on the machine the jobs run on; how many
+    vectors were computed."""
+    before = model.computed
+    size, overlap = ChunkSettings().max_tokens, ChunkSettings().overlap_tokens
+    for d in docs:
+        download = Download(url="http://127.0.1.1" + d.url_path,
+                            final_url="http://127.0.1.1" + d.url_path,
+                            status=200, content_type="text/html; charset=utf-8",
+                            body=render_html(d).encode())  # fmt: skip
+        chunks = chunk_page(extract_page(download), max_tokens=size, overlap_tokens=overlap)
+        if chunks:
+            model.embed([c.text for c in chunks])
+    return model.computed - before
+
+
+def start_web(docs: Sequence[QADoc]) -> LatencyWeb:
+    """Every page on every host (each search result names one host per page)."""
+    hits: collections.Counter[str] = collections.Counter()
+    pages = {d.url_path: SitePage(body=render_html(d), delay_s=page_delay(d.url_path))
+             for d in docs}  # fmt: skip
+    sites = [LoopbackServer(make_site_app(pages, hits=hits), host=f"127.0.1.{n + 1}").start()
+             for n in range(HOSTS)]  # fmt: skip
+    search_docs, delays = [], {}
+    for n, d in enumerate(docs):
+        url = sites[n % HOSTS].url + d.url_path
+        search_docs.append(SearchDoc(url, d.title, d.text))
+        delays[d.url_path] = page_delay(d.url_path)
+    search = LoopbackServer(make_searxng_app(search_docs)).start()
+    model = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}{_backend_suffix()}.bin"))
+    print(f"vectors computed ahead: {warm_vectors(docs, model)}", flush=True)  # noqa: T201
+    embeddings = LoopbackServer(
+        make_embeddings_app(
+            lambda texts: model.embed(texts).vectors,
+            model=MODEL,
+            rpm=None,
+            tpm=None,
+            latency_s=EMBED_LATENCY_S,
+        )  # fmt: skip
+    ).start()
+    return LatencyWeb(sites, search, embeddings, hits, delays)
+
+
+def _env(web: LatencyWeb, *, api: bool, data: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("WEBCTX_", "CELERY_", "OPENAI_"))
+    }
+    env.update(
+        PYTHONPATH=str(ROOT),
+        WEBCTX_DATA_DIR=str(data),
+        WEBCTX_SEARCH_PROVIDER="searxng",
+        WEBCTX_SEARXNG_URL=web.search.url,
+        WEBCTX_ALLOWED_NETWORKS="127.0.1.0/24,127.0.0.1/32",
+        WEBCTX_FETCH__PER_HOST_DELAY_S="0",
+    )
+    if api:
+        env.update(OPENAI_BASE_URL=web.embeddings.url + "/v1", OPENAI_API_KEY="bench",
+                   WEBCTX_EMBEDDING_MODEL=MODEL)  # fmt: skip
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Run:
+    """One job's numbers."""
+
+    wall: float
+    job: float
+    critical: float
+    stages: dict[str, float]
+    chunks: int
+    tokens: int
+    requests: int
+    hit: bool
+
+
+def run_job(web: LatencyWeb, question: Question, sources: int, env: dict[str, str],
+            *, api: bool) -> Run:  # fmt: skip
+    """One cold `webctx research` job."""
+    web.hits.clear()
+    cmd = [sys.executable, "-m", "webctx.cli", "research", question.question, "--max-sources",
+           str(sources), "--token-budget", str(TOKEN_BUDGET), "--top-k", "200"]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=ROOT)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"job failed: {done.stderr[-3000:]}")
+    bundle = Bundle.model_validate_json(done.stdout)
+    slowest = max((web.delays.get(p, 0.0) for p in web.hits), default=0.0)
+    s = bundle.stats
+    return Run(wall=wall, job=s.elapsed_s or 0.0,
+               critical=slowest + (EMBED_LATENCY_S if api else 0.0),
+               stages=dict(s.stage_s), chunks=s.chunks, tokens=s.tokens_embedded,
+               requests=s.embed_requests,
+               hit=hit(question, [c.text for c in bundle.chunks]))  # fmt: skip
+
+
+def _stop_state_server(data: Path) -> None:
+    """The job's state server, if the command left it running (it exits with its last
+    client; a command killed mid-run leaves it)."""
+    try:
+        pid = int((data / "valkey" / "valkey.pid").read_text().strip())
+        if b"valkey-server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+
+
+@dataclass(frozen=True)
+class Config:
+    """A row: the path, the sources, and lever settings."""
+
+    name: str
+    api: bool
+    sources: int
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+def measure(web: LatencyWeb, questions: Sequence[Question], config: Config, tmp: Path) -> list[Run]:
+    """The config's job for each question, each in a new data directory."""
+    runs = []
+    for n, question in enumerate(questions):
+        data = tmp / f"{abs(hash(config))}-{n}"
+        env = _env(web, api=config.api, data=data, extra=dict(config.extra))
+        try:
+            runs.append(run_job(web, question, config.sources, env, api=config.api))
+        finally:
+            _stop_state_server(data)
+        print(f"  {config.name} q{n}: wall {runs[-1].wall:.2f} job {runs[-1].job:.2f} "  # noqa: T201
+              f"critical {runs[-1].critical:.2f}", flush=True)  # fmt: skip
+    return runs
+
+
+def row(config: Config, runs: Sequence[Run]) -> str:
+    """The config's medians as a table row."""
+
+    def med(values: Sequence[float]) -> float:
+        return statistics.median(values)
+
+    critical, job, wall = (
+        med([r.critical for r in runs]),
+        med([r.job for r in runs]),
+        med([r.wall for r in runs]),
+    )
+    ratio = med([r.job / r.critical for r in runs])
+    stages = " | ".join(f"{med([r.stages.get(s, 0.0) for r in runs]):.2f}" for s in STAGES)
+    return (
+        f"| {config.name} | {config.sources} | {critical:.2f} | {job:.2f} | {ratio:.2f} | "
+        f"{wall:.2f} | {wall - critical:+.2f} | {stages} | {med([r.chunks for r in runs]):.0f} | "
+        f"{med([r.tokens for r in runs]):,.0f} | {med([r.requests for r in runs]):.0f} | "
+        f"{sum(r.hit for r in runs)}/{len(runs)} |"
+    )
+
+
+HEADER = (
+    "| path | sources | critical path s | job s | job / critical | CLI wall s | wall - critical "
+    "| plan | search | fetch | embed | store | rank | chunks | tokens embedded | embed requests "
+    "| answer in bundle |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+MAIN = [
+    Config("API", True, 8), Config("API", True, 20),
+    Config("local model", False, 8), Config("local model", False, 20),
+]  # fmt: skip
+OFF = (("WEBCTX_PREFILTER__WHEN", "never"),)
+LEVERS = [
+    Config("API, first pass always", True, 20, (("WEBCTX_PREFILTER__WHEN", "always"),)),
+    Config("API, 8 task threads", True, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
+    Config("local model, no first pass", False, 8, OFF),
+    Config("local model, 8 task threads", False, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
+    Config("local model int8", False, 20, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx-int8"),)),
+]  # fmt: skip
+
+
+def load() -> str:
+    """The machine's load averages and cores, as /proc reports them."""
+    averages = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return f"load average {averages} on {os.cpu_count()} cores"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--questions", type=int, default=5)
+    parser.add_argument("--levers", action="store_true", help="also the lever rows")
+    parser.add_argument("--lever-questions", type=int, default=2)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    loaded = load_qa(data_dir() / "qa")
+    if loaded is None:
+        print(f"no QA data at {data_dir() / 'qa'}: nothing to measure")  # noqa: T201
+        return
+    docs, questions = loaded
+    seen = {q.id for qs in draw_samples(questions, [0, 1], 200).values() for q in qs}
+    held_out = random.Random(22).sample([q for q in questions if q.id not in seen], args.questions)
+    web = start_web(docs)
+    loads = [load()]
+    results: list[tuple[Config, list[Run]]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="webctx-latency-") as tmp:
+            configs = MAIN + (LEVERS if args.levers else [])
+            for config in configs:
+                asked = held_out if config in MAIN else held_out[: args.lever_questions]
+                results.append((config, measure(web, asked, config, Path(tmp))))
+                loads.append(load())
+    finally:
+        web.stop()
+    main_rows = "\n".join(row(c, r) for c, r in results if c in MAIN)
+    text = (
+        f"Median of {args.questions} held-out questions per row (lever rows: "
+        f"{args.lever_questions}), each job cold (`webctx research`, embedded default, new "
+        f"data directory), token budget {TOKEN_BUDGET}; pages on {HOSTS} loopback hosts, "
+        f"0.2-2 s each; embeddings endpoint {EMBED_LATENCY_S} s per request. Measured under "
+        f"{loads[0]} at the start and {loads[-1]} at the end (the machine is shared: "
+        "compare rows of this run, not absolute seconds). Stage seconds overlap.\n\n"
+        f"{HEADER}\n{main_rows}\n"
+    )
+    if args.levers:
+        lever_rows = "\n".join(row(c, r) for c, r in results if c not in MAIN)
+        text += (
+            f"\nLevers (one setting changed from the defaults above):\n\n{HEADER}\n{lever_rows}\n"
+        )
+    print(text)  # noqa: T201
+    if args.write:
+        write_section("latency", text)
+
+
+if __name__ == "__main__":
+    main()
