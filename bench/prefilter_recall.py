@@ -42,8 +42,7 @@ ROWS: dict[str, PrefilterSettings] = {
     "BM25 top 512 + 2 per page + neighbours of top 32": PrefilterSettings(chunks=512),
     "BM25 top 256 + 8 per page + neighbours of top 64": PrefilterSettings(
         chunks=256, per_page=8, neighbours=64),
-    "BM25 top 512 + 8 per page + neighbours of top 128": PrefilterSettings(
-        chunks=512, per_page=8, neighbours=128),
+    "BM25 top 512 + 8 per page + neighbours of top 128 (default)": PrefilterSettings(),
     "BM25 top 768 + 8 per page + neighbours of top 128": PrefilterSettings(
         chunks=768, per_page=8, neighbours=128),
 }  # fmt: skip

@@ -213,12 +213,15 @@ class PrefilterSettings(_Group):
     every chunk of every page is embedded as its page arrives. Batch items' pages always are.
     In broker mode the pages are embedded and stored whole after the answer, for the index
     (`webctx.index_later`, store queue, low priority); the embedded default skips that."""
-    chunks: int = Field(default=256, ge=0)
+    chunks: int = Field(default=512, ge=0)
     """The best chunks by BM25 over all the job's chunks."""
-    per_page: int = Field(default=2, ge=0)
+    per_page: int = Field(default=8, ge=0)
     """Each page's best chunks by BM25, besides."""
-    neighbours: int = Field(default=32, ge=0)
-    """The chunks next to this many of the best BM25 hits, besides."""
+    neighbours: int = Field(default=128, ge=0)
+    """The chunks next to this many of the best BM25 hits, besides. The defaults are the
+    smallest selection measured that kept answer recall (docs/benchmarks.md,
+    `prefilter_recall`): ~620 of ~1,280 chunks of an 8-source job; 256/2/32 (~290 chunks)
+    lost 0.005 at most budgets up to 1,000 tokens."""
 
 
 class BatchSettings(_Group):
