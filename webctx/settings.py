@@ -211,8 +211,8 @@ class PrefilterSettings(_Group):
     """`local`: when the embedder runs in this process (the local model: every chunk costs
     CPU time); `always`: with an embeddings API too (fewer tokens for the same wait); `never`:
     every chunk of every page is embedded as its page arrives. Batch items' pages always are.
-    In broker mode the pages are embedded and stored whole after the answer, for the index
-    (`webctx.index_later`, store queue, low priority); the embedded default skips that."""
+    Afterwards the pages are embedded and stored whole for the index (`webctx.index_later`,
+    store queue, low priority; in the embedded default, by the local service)."""
     chunks: int = Field(default=512, ge=0)
     """The best chunks by BM25 over all the job's chunks."""
     per_page: int = Field(default=8, ge=0)

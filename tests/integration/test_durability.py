@@ -270,8 +270,9 @@ def test_sigkilled_worker_task_is_redelivered_and_job_completes_without_duplicat
     assert code == 0, err[-3000:]
     bundle = Bundle.model_validate_json(out)
     assert bundle.failures == [] and bundle.stats.fetched == reference.stats.fetched == 5
-    # The whole worker died: its unacked tasks come back after the visibility timeout.
-    assert VISIBILITY_S - 1 < recovered_s < VISIBILITY_S + 20, f"took {recovered_s:.1f}s"
+    # The whole worker died: its unacked tasks come back after the visibility timeout (the
+    # upper bound leaves room for the rest of the job on a busy machine: 33 s seen there).
+    assert VISIBILITY_S - 1 < recovered_s < VISIBILITY_S + 40, f"took {recovered_s:.1f}s"
     if stage == "fetch":
         assert mini_web.hits["/slow.html"] == slow_hits + 2  # the killed fetch ran again, once
     else:

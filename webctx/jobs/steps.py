@@ -166,10 +166,10 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
     if jobs.save_bundle(job_id, bundle):
         jobs.set_status(job_id, JobStatus.SUCCEEDED)
         logger.info("job succeeded", extra={"job_id": job_id, "chunks": len(bundle.chunks)})
-        # The pages' every chunk, for the index, after the answer. Not in the embedded
-        # default: its process exits with the answer, and its thread pool is joined at
-        # exit, so the command would wait for pages no one asked for (measured: +20 s).
-        if lexical_first and not engine.settings.embedded:
+        # The pages' every chunk, for the index, after the answer: low-priority tasks on
+        # the store queue. The embedded default runs them too, in the local service,
+        # which outlives the command that asked (the command has its answer already).
+        if lexical_first:
             fetched = [u for u in jobs.urls(job_id) if jobs.page_for(job_id, u) is not None]
             engine.fanin.index_later(job_id, fetched)
 
