@@ -8,6 +8,7 @@ starts get the same URL through their environment)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -125,31 +126,45 @@ def service_pid(data_dir: Path) -> int | None:
     return pid if b"service\x00run" in cmdline else None
 
 
-def kill_service(data_dir: Path) -> None:
-    """SIGKILL every local service of `data_dir` still running: the one holding its lock,
-    and one a client started that has not taken the lock yet (its working folder is the
-    data directory)."""
-    target = data_dir.resolve()
+def local_services(data_dir: Path) -> list[int]:
+    """Pids of every `webctx service run` of `data_dir`: the one holding its lock, and one
+    a client started that has not taken the lock yet (its working folder is the data
+    directory)."""
+    target, found = data_dir.resolve(), []
     for proc in Path("/proc").iterdir():
         try:
             if b"service\x00run" not in (proc / "cmdline").read_bytes():
                 continue
             if Path(os.readlink(proc / "cwd")) == target:
-                os.kill(int(proc.name), signal.SIGKILL)
+                found.append(int(proc.name))
         except (OSError, ValueError):
             continue
+    return found
+
+
+def kill_service(data_dir: Path) -> None:
+    """SIGKILL every local service of `data_dir` still running."""
+    for pid in local_services(data_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def state_server_pid(data_dir: Path) -> int | None:
+    """The pid of the state server (Valkey) whose pid file lies in `data_dir`, if it runs."""
+    try:
+        pid = int((data_dir / "valkey" / "valkey.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"valkey-server" in cmdline or b"redis-server" in cmdline else None
 
 
 def stop_state_server(data_dir: Path) -> None:
     """SIGKILL the state server whose pid file lies in `data_dir`, if it still runs."""
-    pidfile = data_dir / "valkey" / "valkey.pid"
-    try:
-        pid = int(pidfile.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return
-    if b"valkey-server" in cmdline or b"redis-server" in cmdline:
-        os.kill(pid, signal.SIGKILL)
+    pid = state_server_pid(data_dir)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

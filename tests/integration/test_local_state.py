@@ -5,7 +5,6 @@ tests/integration/test_service.py.)"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,15 +21,6 @@ def _research(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str
         [sys.executable, "-m", "webctx.cli", "research", QUESTION, "--max-sources", "6"],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
-
-
-def _server_pid(data_dir: Path) -> int | None:
-    try:
-        pid = int((data_dir / "valkey" / "valkey.pid").read_text())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return pid
 
 
 def _pages(web: LoopbackWeb, before: dict[str, int]) -> int:

@@ -18,7 +18,15 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.conftest import ROOT, CliProcess, clean_env, run_cli, service_pid
+from tests.conftest import (
+    ROOT,
+    CliProcess,
+    clean_env,
+    local_services,
+    run_cli,
+    service_pid,
+    state_server_pid,
+)
 from tests.integration.conftest import ApiProcess
 from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
@@ -32,29 +40,6 @@ SCHEDULED_PAGE = "/energy-notes/lithium-plating.html"
 def _env(web: LoopbackWeb, **extra: str) -> dict[str, str]:
     # A killed service's tasks come back 3-4 s after its last beat, not 30-40 s.
     return clean_env(**web.env(), WEBCTX_WORKER_LOST_AFTER_S="3", **extra)
-
-
-def _services(data_dir: Path) -> list[int]:
-    """Pids of every `webctx service run` process working in `data_dir`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            cwd = os.readlink(proc / "cwd")
-        except (OSError, ValueError):
-            continue
-        if b"service\x00run" in cmdline and Path(cwd) == data_dir.resolve():
-            found.append(int(proc.name))
-    return found
-
-
-def _valkey_pid(data_dir: Path) -> int | None:
-    try:
-        pid = int((data_dir / "valkey" / "valkey.pid").read_text())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return pid
 
 
 def _wait_for(check: Any, timeout_s: float, what: str) -> Any:
@@ -91,7 +76,7 @@ async def test_four_mcp_servers_in_one_folder_share_one_service_and_download_eac
     assert all(b.chunks for b in bundles)
     downloads = {path: n - before.get(path, 0) for path, n in test_web.hits.items()}
     assert max(downloads.values()) == 1, downloads  # each page (and robots.txt) once in all
-    assert len(_services(data_dir)) == 1
+    assert len(local_services(data_dir)) == 1
     log = (data_dir / "service.log").read_text()
     assert log.count("service listening") == 1 and "already runs" not in log
     assert list(folder.iterdir()) == []  # nothing written where the clients started
@@ -120,7 +105,7 @@ def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_jo
     at_kill = _wait_for(fetched, 60, "a page fetched")
     os.kill(first, signal.SIGKILL)  # its lock, address file and Valkey stay behind
     _wait_for(lambda: service_pid(data_dir) is None, 10, "the service gone")
-    assert (data_dir / "service.json").exists() and _valkey_pid(data_dir) is not None
+    assert (data_dir / "service.json").exists() and state_server_pid(data_dir) is not None
 
     def finished() -> dict[str, Any] | None:
         status = json.loads(run_cli(env, "status", job_id).stdout)  # each call: a client
@@ -150,11 +135,13 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     started = run_cli(env, "service", "start")
     assert started.returncode == 0, started.stderr[-3000:]
     first = json.loads(started.stdout)["pid"]
-    valkey = _valkey_pid(data_dir)
+    valkey = state_server_pid(data_dir)
     assert valkey is not None
     os.kill(first, signal.SIGKILL)
     os.kill(valkey, signal.SIGKILL)  # both gone: a lock file, an address, a dead socket left
-    _wait_for(lambda: service_pid(data_dir) is None and _valkey_pid(data_dir) is None, 10, "kill")
+    _wait_for(
+        lambda: service_pid(data_dir) is None and state_server_pid(data_dir) is None, 10, "kill"
+    )
     assert (data_dir / "service.lock").exists() and (data_dir / "service.json").exists()
     again = run_cli(env, "service", "start")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -164,7 +151,7 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     # Idle for a second (no task, no queued message, no request): it exits, and its
     # Valkey with it (no client is connected).
     _wait_for(lambda: service_pid(data_dir) is None, 30, "the idle exit")
-    _wait_for(lambda: _valkey_pid(data_dir) is None, 10, "Valkey stopped")
+    _wait_for(lambda: state_server_pid(data_dir) is None, 10, "Valkey stopped")
     assert not (data_dir / "service.json").exists()
     assert run_cli(env, "service", "status").returncode == 1
 
@@ -192,7 +179,7 @@ def test_with_no_configuration_the_api_serves_with_keys_and_the_index_is_kept(
         assert httpx.get(api.url + "/v1/sources").status_code == 401
     finally:
         api.stop()
-    assert len(_services(data_dir)) == 1
+    assert len(local_services(data_dir)) == 1
     # The service's beat indexes a new source on its own (no refresh asked for).
     scheduled = test_web.site.url + SCHEDULED_PAGE
     assert run_cli(env, "sources", "add", scheduled, "--tenant", "beta").returncode == 0
