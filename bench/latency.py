@@ -26,7 +26,6 @@ import collections
 import hashlib
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +61,7 @@ from webctx.models import Bundle, Download  # noqa: E402
 from webctx.settings import ChunkSettings  # noqa: E402
 from webctx.stages.chunk import chunk_page  # noqa: E402
 from webctx.stages.fetch import extract_page  # noqa: E402
+from workers.service_client import stop_service  # noqa: E402
 
 HOSTS = 20
 EMBED_LATENCY_S = 0.3
@@ -189,15 +189,11 @@ def run_job(web: LatencyWeb, question: Question, sources: int, env: dict[str, st
                hit=hit(question, [c.text for c in bundle.chunks]))  # fmt: skip
 
 
-def _stop_state_server(data: Path) -> None:
-    """The job's state server, if the command left it running (it exits with its last
-    client; a command killed mid-run leaves it)."""
-    try:
-        pid = int((data / "valkey" / "valkey.pid").read_text().strip())
-        if b"valkey-server" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            os.kill(pid, signal.SIGTERM)
-    except (OSError, ValueError):
-        return
+def _stop_service(data: Path) -> None:
+    """The job's local service: it outlives the command (idle timeout) and, after a
+    first-pass job, goes on embedding the deferred chunks for the index, which would
+    take CPU from the next job."""
+    stop_service(data)
 
 
 @dataclass(frozen=True)
@@ -219,7 +215,7 @@ def measure(web: LatencyWeb, questions: Sequence[Question], config: Config, tmp:
         try:
             runs.append(run_job(web, question, config.sources, env, api=config.api))
         finally:
-            _stop_state_server(data)
+            _stop_service(data)
         print(f"  {config.name} q{n}: wall {runs[-1].wall:.2f} job {runs[-1].job:.2f} "  # noqa: T201
               f"critical {runs[-1].critical:.2f}", flush=True)  # fmt: skip
     return runs
