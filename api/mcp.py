@@ -132,6 +132,8 @@ class SourceOut(BaseModel):
     next_offset: int | None
     flags: list[str] = Field(default_factory=list)
     """`["instructions"]` when the page's text or metadata addresses the model."""
+    opt_out: str | None = None
+    """The publisher's opt-out rule, when opt-outs are reported rather than honoured."""
 
 
 # Every tool only reads (a research job writes nothing the caller can see change), asks
@@ -260,6 +262,10 @@ def source_result(page: Page, *, offset: int, max_chars: int) -> CallToolResult:
     )
     # Our lines outside the fence, the page's (title and text) inside it.
     header = f"Source {page.final_url}{flag_note(out.flags)}\n"
+    if page.opt_out:  # reported, not honoured (WEBCTX_FETCH__OPT_OUTS=report)
+        header += (
+            f"[publisher opted out: {' '.join(page.opt_out.split())} (reported, not honoured)]\n"
+        )
     if offset:
         header += f"[characters {offset:,}-{end:,} of {total:,}]\n"
     marker = ""

@@ -114,6 +114,25 @@ async def test_get_source_fences_page_text_and_flags_a_page_that_addresses_the_m
     assert "flagged `instructions`" in shown.split("\n<<<", 1)[0]
 
 
+async def test_get_source_reports_a_publishers_opt_out_it_did_not_honour(
+    runtime: Runtime,
+) -> None:
+    rule = "X-Robots-Tag: noai"
+    page = make_page(url="https://o.example/a", title="Opted out", opt_out=rule)
+    plain = make_page(url="https://o.example/b", title="Plain")
+    job_id = runtime.jobs.create(JobRequest(question="q"), tenant=TENANT)
+    runtime.jobs.save_page(job_id, "u1", page)
+    runtime.jobs.save_page(job_id, "u2", plain)
+    async with Client(build_mcp(lambda: runtime)) as client:
+        opted = await client.call_tool("get_source", {"ref": page.url})
+        other = await client.call_tool("get_source", {"ref": plain.url})
+    assert (opted.structured_content or {})["opt_out"] == rule
+    header = opted.content[0].text.split("\n<<<", 1)[0]  # type: ignore[union-attr]
+    assert f"publisher opted out: {rule} (reported, not honoured)" in header
+    assert (other.structured_content or {})["opt_out"] is None
+    assert "opted out" not in other.content[0].text  # type: ignore[union-attr]
+
+
 def _run_job(runtime: Runtime, job_id: str, step_s: float) -> Callable[[], None]:
     """A worker's facts, one every `step_s` (longer than the server's poll): status, the
     queries and URLs becoming known and counters change the snapshot, not the count."""
