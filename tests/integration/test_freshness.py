@@ -65,6 +65,7 @@ def _retrieved(bundle: Bundle, web: SmallWeb) -> dict[str, str | None]:
     return {s.url.removeprefix(web.site.url): s.retrieved for s in bundle.sources}
 
 
+@pytest.mark.slow
 def test_max_age_picks_cached_live_or_revalidated_and_stale_if_error_is_opt_in(
     small_web: SmallWeb,
     tmp_path: Path,

@@ -207,6 +207,7 @@ def test_research_embedded_default_cites_a_script_rendered_page(
     _assert_shell_cited(_research(env), shell_web)
 
 
+@pytest.mark.slow
 def test_research_broker_mode_renders_on_a_render_worker(
     shell_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:

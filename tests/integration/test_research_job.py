@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from tests.conftest import clean_env, redis_url, run_cli
@@ -132,6 +133,7 @@ def test_research_embedded_default_returns_grounded_bundle(
     assert "fetched" in done.stderr  # progress lines on a non-TTY stderr
 
 
+@pytest.mark.slow
 def test_research_broker_mode_runs_on_separate_worker_processes(
     test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
@@ -202,6 +204,7 @@ def test_invalid_request_is_refused_before_anything_runs(tmp_path: Path) -> None
     assert done.stdout == ""  # no job id: nothing submitted (the local service may start)
 
 
+@pytest.mark.slow
 def test_status_reports_progress_counts_in_broker_mode(
     test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
@@ -217,6 +220,7 @@ def test_status_reports_progress_counts_in_broker_mode(
     assert status["urls"] == 8 and status["fetched"] + status["failed"] >= 8
 
 
+@pytest.mark.slow
 def test_second_run_of_a_job_embeds_nothing_in_broker_mode(
     test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
@@ -244,6 +248,7 @@ def test_second_run_of_a_job_embeds_nothing_in_broker_mode(
     assert third.tokens_embedded == 0 and third.embed_requests == 0
 
 
+@pytest.mark.slow
 def test_rerunning_embed_of_a_page_adds_no_point(test_web: LoopbackWeb, tmp_path: Path) -> None:
     env = clean_env(**test_web.env(), WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
     first = run_cli(env, "research", QUESTION, "--max-sources", "6")
@@ -262,6 +267,7 @@ def test_rerunning_embed_of_a_page_adds_no_point(test_web: LoopbackWeb, tmp_path
     store.close()
 
 
+@pytest.mark.slow
 def test_embed_task_retried_after_provider_errors_completes_without_duplicates(
     test_web: LoopbackWeb, tmp_path: Path
 ) -> None:
@@ -300,6 +306,7 @@ def test_embed_task_retried_after_provider_errors_completes_without_duplicates(
     assert [c.text for c in a.chunks] == [c.text for c in b.chunks]
 
 
+@pytest.mark.slow
 def test_a_store_task_whose_staged_chunks_were_lost_embeds_the_page_again(
     test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
 ) -> None:
@@ -348,6 +355,7 @@ def test_workers_that_count_tokens_load_the_tokenizer_at_start(
     assert "tokenizer loaded" not in fetching.log.read_text()
 
 
+@pytest.mark.slow
 def test_a_wiped_store_is_filled_again_not_trusted_to_hold_its_pages(
     test_web: LoopbackWeb, tmp_path: Path, start_worker
 ) -> None:

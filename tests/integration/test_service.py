@@ -88,6 +88,7 @@ async def test_four_mcp_servers_in_one_folder_share_one_service_and_download_eac
     assert source.structured_content["content_sha256"] == bundles[0].sources[0].content_sha256
 
 
+@pytest.mark.slow
 def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_job_ends(
     test_web: LoopbackWeb, data_dir: Path
 ) -> None:
@@ -128,6 +129,7 @@ def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_jo
     )
 
 
+@pytest.mark.slow
 def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     data_dir: Path,
 ) -> None:
@@ -156,6 +158,7 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     assert run_cli(env, "service", "status").returncode == 1
 
 
+@pytest.mark.slow
 def test_with_no_configuration_the_api_serves_with_keys_and_the_index_is_kept(
     test_web: LoopbackWeb, data_dir: Path, tmp_path: Path
 ) -> None:

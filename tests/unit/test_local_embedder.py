@@ -18,6 +18,8 @@ HAVE_EXTRA = all(
 needs_extra = pytest.mark.skipif(
     not HAVE_EXTRA, reason="the local extra is not installed: pip install 'webctx[local]'"
 )
+# With the ONNX embedder's tests on one xdist worker: torch loads there once.
+pytestmark = pytest.mark.xdist_group("local_model")
 
 
 @pytest.fixture(scope="module")

