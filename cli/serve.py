@@ -16,7 +16,9 @@ def worker(ctx: typer.Context) -> None:
     """Start a worker: `celery -A webctx.workers.app worker` with the same options.
 
     Defaults to the threads pool (the stages are I/O-bound and the embedded vector
-    store admits one process); pass --pool/-P to choose another.
+    store admits one process); pass --pool/-P to choose another. Mingle and gossip are off,
+    as in the local service: webctx revokes no task and tracks live workers itself
+    (workers/liveness.py), and mingle held every start for a second asking for neighbours.
     """
     settings = get_settings()
     if settings.embedded:
@@ -32,6 +34,9 @@ def worker(ctx: typer.Context) -> None:
         # Celery's default, celery@<host>, is the same for every worker on a host: replies
         # to `celery inspect` mix and Celery warns of duplicate node names.
         args += ["--hostname", f"webctx-{os.getpid()}@%h"]
+    for flag in ("--without-mingle", "--without-gossip"):
+        if flag not in args:
+            args.append(flag)
     from celery.bin.celery import celery as celery_cli
 
     # As `app.start` does, but keeping the worker's exit code (click returns it, without

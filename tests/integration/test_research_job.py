@@ -392,3 +392,10 @@ def test_a_worker_sets_its_allocator_to_return_freed_memory_at_start(
     before_ready = storing.log.read_text().split("ready.")[0]
     assert "allocator set to return freed memory" in before_ready
     assert "MALLOC_MMAP_THRESHOLD_" in before_ready
+
+
+def test_a_worker_is_ready_without_a_second_of_mingle(tmp_path: Path, start_worker) -> None:
+    env = clean_env(CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"))
+    worker = start_worker(env, "-Q", "search,fetch", "-n", "quick@%h")
+    before_ready = worker.log.read_text().split("ready.")[0]
+    assert "mingle" not in before_ready  # no second spent asking for neighbours
