@@ -126,6 +126,8 @@ def _leave_state_servers(data_dir: Path) -> None:
         from webctx.workers.state_server import release_all
 
         release_all()
+    if not data_dir.exists():  # nothing ever ran there: no scan of /proc (most unit tests)
+        return
     kill_service(data_dir)
     stop_state_server(data_dir)
 

@@ -35,6 +35,8 @@ QUESTION = "how do lithium-ion batteries degrade?"
 ARGS = {"question": QUESTION, "max_sources": 6, "top_k": 5, "token_budget": 800, "wait_s": 110}
 PAGE = "/energy-notes/sei-growth.html"
 SCHEDULED_PAGE = "/energy-notes/lithium-plating.html"
+CLI_POLL_S = 0.5
+"""Between checks that each start a CLI process (half a second of CPU apiece)."""
 
 
 def _env(web: LoopbackWeb, **extra: str) -> dict[str, str]:
@@ -42,13 +44,13 @@ def _env(web: LoopbackWeb, **extra: str) -> dict[str, str]:
     return clean_env(**web.env(), WEBCTX_WORKER_LOST_AFTER_S="3", **extra)
 
 
-def _wait_for(check: Any, timeout_s: float, what: str) -> Any:
+def _wait_for(check: Any, timeout_s: float, what: str, *, every_s: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -103,7 +105,7 @@ def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_jo
         status = json.loads(run_cli(env, "status", job_id).stdout)
         return status if status["fetched"] >= 1 else None
 
-    at_kill = _wait_for(fetched, 60, "a page fetched")
+    at_kill = _wait_for(fetched, 60, "a page fetched", every_s=CLI_POLL_S)
     os.kill(first, signal.SIGKILL)  # its lock, address file and Valkey stay behind
     _wait_for(lambda: service_pid(data_dir) is None, 10, "the service gone")
     assert (data_dir / "service.json").exists() and state_server_pid(data_dir) is not None
@@ -112,7 +114,7 @@ def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_jo
         status = json.loads(run_cli(env, "status", job_id).stdout)  # each call: a client
         return status if status["status"] in ("succeeded", "failed") else None
 
-    status = _wait_for(finished, 90, "the job to end")
+    status = _wait_for(finished, 90, "the job to end", every_s=CLI_POLL_S)
     second = service_pid(data_dir)
     assert second is not None and second != first
     if status["status"] == "failed":
@@ -191,7 +193,7 @@ def test_with_no_configuration_the_api_serves_with_keys_and_the_index_is_kept(
         listed = run_cli(env, "sources", "list", "--format", "json", "--tenant", "beta")
         return bool(json.loads(listed.stdout)[0]["runs"])
 
-    _wait_for(indexed, 60, "a scheduled run")
+    _wait_for(indexed, 60, "a scheduled run", every_s=CLI_POLL_S)
 
 
 def test_a_batch_waiting_client_resumes_it_after_the_service_restarts(
