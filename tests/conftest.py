@@ -29,6 +29,7 @@ os.environ["WEBCTX_DATA_DIR"] = _SCRATCH
 import pytest  # noqa: E402
 import redis  # noqa: E402
 
+from tests.scheduling import pytest_collection_modifyitems  # noqa: E402, F401
 from tests.testweb import LoopbackWeb, start_test_web  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,20 +57,6 @@ REDIS_DB = _test_db()
 def redis_url(db: int = REDIS_DB) -> str:
     """URL of this test process's database on the test Redis."""
     return f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: tests marked `slow`, then the other integration tests, then the unit
-    tests (each group in collection order). Under xdist every worker takes its next test
-    from this order, so the long tests overlap one another at the start and short ones
-    fill in at the end, instead of a minute-long test starting last and running alone."""
-
-    def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("slow") is not None:
-            return 0
-        return 1 if "integration" in item.path.parts else 2
-
-    items.sort(key=rank)  # stable: the order within a group stays
 
 
 @pytest.fixture
