@@ -32,7 +32,9 @@ def test_the_tests_of_an_xdist_group_run_on_one_worker(tmp_path: Path) -> None:
             out.write_text(os.environ["PYTEST_XDIST_WORKER"])
         """)
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Only this small suite's own options: none the outer run was given through the env.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
          "--dist", "loadgroup", "--rootdir", str(tmp_path), str(tmp_path)],
