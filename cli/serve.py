@@ -17,8 +17,9 @@ def worker(ctx: typer.Context) -> None:
 
     Defaults to the threads pool (the stages are I/O-bound and the embedded vector
     store admits one process); pass --pool/-P to choose another. Mingle and gossip are off,
-    as in the local service: webctx revokes no task and tracks live workers itself
-    (workers/liveness.py), and mingle held every start for a second asking for neighbours.
+    as in the local service: webctx tracks live workers itself (workers/liveness.py), the one
+    task it may revoke (an index search nobody consumed) expires, and mingle held every start
+    for a second asking for neighbours.
     """
     settings = get_settings()
     if settings.embedded:

@@ -48,7 +48,9 @@ def run_search(
         return search_index(query, tenant=tenant, ctx=index_context(worker_deps()),
                             limit=limit, **filters)  # fmt: skip
     result = app.signature("webctx.index.search", args=(tenant, query, limit, filters))
-    pending = result.apply_async()
+    # Expires when the caller gives up: a worker started after that drops it (without
+    # mingle a new worker does not learn of the revoke below).
+    pending = result.apply_async(expires=timeout_s)
     first_wait = min(NO_WORKER_CHECK_S, timeout_s)
     try:
         raw = pending.get(timeout=first_wait)

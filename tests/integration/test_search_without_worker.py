@@ -3,6 +3,7 @@ worker on its queue it says so within seconds instead of waiting 30 s for a trac
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -34,3 +35,8 @@ def test_search_with_no_worker_on_its_queue_says_so_within_seconds(
     assert len(out.stderr.strip().splitlines()) <= 3
     # The CLI's own start (imports) is part of it; the wait itself is about 4 s.
     assert elapsed < 15, elapsed
+    # The search it gave up on expires: a worker started later drops it, not runs it.
+    queues = [k for k in redis_client.keys("rank*") if redis_client.type(k) == "list"]
+    left = [json.loads(m) for key in queues for m in redis_client.lrange(key, 0, -1)]
+    searches = [m for m in left if m["headers"]["task"] == "webctx.index.search"]
+    assert searches and all(m["headers"]["expires"] for m in searches), left
