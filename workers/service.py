@@ -125,6 +125,10 @@ def _queued() -> int:
     return worker_deps().stores.queued(lists)
 
 
+HOUSEKEEPING = frozenset({"webctx.index.tick"})
+"""Tasks the service runs on its own schedule: they do not keep it from going idle."""
+
+
 class IdleClock:
     """When the service last had work or a request, and the exit once it has been idle."""
 
@@ -133,8 +137,12 @@ class IdleClock:
         self.idle_s = idle_s
         self._last_busy = time.time()
 
-    def busy(self, **_: Any) -> None:
-        """A task started or ended."""
+    def busy(self, sender: Any = None, **_: Any) -> None:
+        """A task started or ended (beat's own tick is not work: it runs every
+        `WEBCTX_INDEX__TICK_S`, and counted it kept the service up for good; a source it
+        finds due starts refresh tasks, and those are)."""
+        if getattr(sender, "name", None) in HOUSEKEEPING:
+            return
         self._last_busy = time.time()
 
     def last_activity(self) -> float:
@@ -152,7 +160,7 @@ class IdleClock:
         interval = max(0.2, min(5.0, self.idle_s / 5))
         while True:
             time.sleep(interval)
-            if state.active_requests:
+            if any(r.name not in HOUSEKEEPING for r in state.active_requests):
                 self.busy()
                 continue
             if time.time() - self.last_activity() < self.idle_s:

@@ -135,7 +135,10 @@ def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_jo
 def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     data_dir: Path,
 ) -> None:
-    env = clean_env(WEBCTX_EMBEDDING_PROVIDER="hash", WEBCTX_SERVICE_IDLE_S="1")
+    # Beat's re-index tick runs more often than the idle time: its own tick is not work.
+    env = clean_env(
+        WEBCTX_EMBEDDING_PROVIDER="hash", WEBCTX_SERVICE_IDLE_S="1", WEBCTX_INDEX__TICK_S="0.3"
+    )
     started = run_cli(env, "service", "start")
     assert started.returncode == 0, started.stderr[-3000:]
     first = json.loads(started.stdout)["pid"]
