@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Annotated
 
@@ -124,6 +125,19 @@ def _poller(
     return poll
 
 
+def _until_finished(jobs: JobStore, job_id: str) -> Callable[[float], None]:
+    """A pause between polls that ends when the job finishes (a Redis outage: a plain sleep,
+    the poller rides it out)."""
+
+    def pause(seconds: float) -> None:
+        try:
+            jobs.wait_finished(job_id, seconds)
+        except redis.RedisError:
+            time.sleep(seconds)
+
+    return pause
+
+
 def _wait_and_print(
     jobs: JobStore,
     job_id: str,
@@ -134,7 +148,8 @@ def _wait_and_print(
 ) -> None:
     from webctx.cli.progress import wait_for_job
 
-    progress = wait_for_job(_poller(jobs, job_id, keep), timeout_s=wait_s)
+    progress = wait_for_job(_poller(jobs, job_id, keep), timeout_s=wait_s,
+                            pause=_until_finished(jobs, job_id))  # fmt: skip
     bundle = jobs.bundle(job_id)
     if bundle is not None:
         print_bundle(bundle, fmt)

@@ -32,8 +32,11 @@ def wait_for_job(
     timeout_s: float,
     stream: TextIO | None = None,
     interval_s: float = 0.2,
+    pause: Callable[[float], object] = time.sleep,
 ) -> JobProgress:
-    """Poll until the job finishes, showing progress; WebctxError on timeout."""
+    """Poll until the job finishes, showing progress; WebctxError on timeout. Between polls
+    it waits in `pause(interval_s)`, which may return early: when the job ends (the job
+    store's `wait_finished`), so the bundle comes without waiting out the interval."""
     stream = stream or sys.stderr
     deadline = time.monotonic() + timeout_s
     if stream.isatty():
@@ -41,7 +44,8 @@ def wait_for_job(
         with Live(
             Text("starting…"), console=console, transient=False, refresh_per_second=8
         ) as live:
-            return _loop(poll, deadline, interval_s, lambda line: live.update(Text(line)))
+            return _loop(poll, deadline, lambda: pause(interval_s),
+                         lambda line: live.update(Text(line)))  # fmt: skip
     last = [""]
 
     def emit(line: str) -> None:
@@ -49,11 +53,14 @@ def wait_for_job(
             print(line, file=stream, flush=True)
             last[0] = line
 
-    return _loop(poll, deadline, interval_s, emit)
+    return _loop(poll, deadline, lambda: pause(interval_s), emit)
 
 
 def _loop(
-    poll: Callable[[], JobProgress], deadline: float, interval_s: float, show: Callable[[str], None]
+    poll: Callable[[], JobProgress],
+    deadline: float,
+    pause: Callable[[], object],
+    show: Callable[[str], None],
 ) -> JobProgress:
     while True:
         progress = poll()
@@ -62,4 +69,4 @@ def _loop(
             return progress
         if time.monotonic() > deadline:
             raise WebctxError(f"timed out waiting for job {progress.job_id}: {describe(progress)}")
-        time.sleep(interval_s)
+        pause()

@@ -65,7 +65,8 @@ def test_search_results_come_back_in_query_order(jobs: JobStore) -> None:
     jobs.save_search(job, 0, [SearchResult(url="http://a.example", rank=0)])
     jobs.save_search(job, 1, [SearchResult(url="http://b.example", rank=0)])  # rerun
     assert [[r.url for r in rs] for rs in jobs.search_results(job)] == [
-        ["http://a.example"], ["http://b.example"]
+        ["http://a.example"],
+        ["http://b.example"],
     ]
 
 
@@ -84,6 +85,7 @@ def test_every_job_key_expires(jobs: JobStore) -> None:
     jobs.set_urls(job, ["http://a.example"])
     jobs.add_counts(job, chunks=3)
     jobs.complete(job, "search", "0", total=2)
+    jobs.set_status(job, JobStatus.SUCCEEDED)
     for key in jobs._redis.scan_iter(f"webctx:job:{job}:*"):
         assert 0 < jobs._redis.ttl(key) <= 60, key
 

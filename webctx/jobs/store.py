@@ -209,11 +209,27 @@ class JobStore:
         mapping: dict[Any, Any] = {"status": status.value}
         if error:
             mapping["error"] = error
-        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
+        finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+        if finished:
             mapping["finished_at"] = f"{time.time():.3f}"
-        self._redis.hset(meta, mapping=mapping)
+        pipe = self._redis.pipeline()
+        pipe.hset(meta, mapping=mapping)
+        if finished:  # wakes `wait_finished` at once instead of at its next poll
+            signal = self._k(job_id, "finished")
+            pipe.rpush(signal, status.value)
+            self._expire(pipe, signal)
+        pipe.execute()
         if current != status.value:
             self._emit("status", job_id, {"status": status.value})
+
+    def wait_finished(self, job_id: str, timeout_s: float) -> bool:
+        """Block until the job finishes, at most `timeout_s`; True if it has. Any number of
+        clients may wait on one job (the signal is rotated in place, never taken), so a
+        client returns as soon as the job ends rather than at its next poll."""
+        signal = self._k(job_id, "finished")
+        # Redis takes a fractional timeout (6.0+); redis-py's stubs say int.
+        moved = self._redis.blmove(signal, signal, timeout_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
+        return moved is not None
 
     def error(self, job_id: str) -> str | None:
         """Why the job failed (or was cancelled), if it says."""

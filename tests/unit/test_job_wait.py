@@ -1,0 +1,65 @@
+"""A client waiting on a job (`webctx research`) learns that it ended at once, not at its
+next poll."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import redis
+
+from webctx.cli.jobs import _until_finished
+from webctx.cli.progress import wait_for_job
+from webctx.jobs.store import JobStore
+from webctx.models import JobRequest, JobStatus
+
+
+def _finish_later(jobs: JobStore, job_id: str, after_s: float) -> threading.Timer:
+    timer = threading.Timer(after_s, jobs.set_status, args=(job_id, JobStatus.SUCCEEDED))
+    timer.start()
+    return timer
+
+
+def test_a_waiter_wakes_when_the_job_finishes(redis_client: redis.Redis) -> None:
+    jobs = JobStore(redis_client, ttl_s=60)
+    job = jobs.create(JobRequest(question="q"))
+    _finish_later(jobs, job, 0.2)
+    started = time.monotonic()
+    assert jobs.wait_finished(job, 20.0) is True
+    assert time.monotonic() - started < 5.0  # woken by the finish, not the 20 s timeout
+
+
+def test_every_waiter_of_a_job_wakes_and_a_late_one_returns_at_once(
+    redis_client: redis.Redis,
+) -> None:
+    jobs = JobStore(redis_client, ttl_s=60)
+    job = jobs.create(JobRequest(question="q"))
+    with ThreadPoolExecutor(3) as pool:
+        waiters = [pool.submit(jobs.wait_finished, job, 20.0) for _ in range(3)]
+        _finish_later(jobs, job, 0.2)
+        assert [w.result(timeout=10) for w in waiters] == [True, True, True]
+    started = time.monotonic()
+    assert jobs.wait_finished(job, 20.0) is True
+    assert time.monotonic() - started < 5.0
+
+
+def test_waiting_on_a_running_job_ends_at_the_timeout(redis_client: redis.Redis) -> None:
+    jobs = JobStore(redis_client, ttl_s=60)
+    job = jobs.create(JobRequest(question="q"))
+    jobs.set_status(job, JobStatus.RUNNING)
+    assert jobs.wait_finished(job, 0.1) is False
+
+
+def test_the_cli_returns_when_the_job_finishes_not_at_its_next_poll(
+    redis_client: redis.Redis,
+) -> None:
+    jobs = JobStore(redis_client, ttl_s=60)
+    job = jobs.create(JobRequest(question="q"))
+    _finish_later(jobs, job, 0.3)
+    started = time.monotonic()
+    progress = wait_for_job(lambda: jobs.progress(job), timeout_s=60, stream=io.StringIO(),
+                            interval_s=30.0, pause=_until_finished(jobs, job))  # fmt: skip
+    assert progress.status is JobStatus.SUCCEEDED
+    assert time.monotonic() - started < 10.0  # a 30 s poll interval was not waited out
