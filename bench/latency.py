@@ -10,10 +10,16 @@ vectors of all-MiniLM-L6-v2 from the bench/out/ cache) answering each request af
 
 Each job is `webctx research` on the embedded default, cold (a new data directory: no
 page, search or embedding cache), timed from the command's start (CLI wall) and by the
-bundle (job time, stages). Paths: the API (OPENAI_BASE_URL set) and the local model
-(nothing set: all-MiniLM-L6-v2 in process on ONNX Runtime). The critical path of a job
-is its slowest page, plus one embeddings round trip on the API path. Rows with levers
-(`--levers`) set the named WEBCTX_ variables.
+bundle (job time, stages). Each question runs twice, each time in a new data directory:
+once with the local service started beforehand (`webctx service start`, then its worker
+ready; the job time, stages and first CLI wall come from this run), and once as the
+first call, which starts the service itself (its CLI wall and job time in the "first
+call" columns). Paths: the API (OPENAI_BASE_URL set) and the local model (nothing set:
+all-MiniLM-L6-v2 in process on ONNX Runtime). The critical path of a job is its slowest
+page, plus one embeddings round trip on the API path; the per-host bound is the same
+with each host's pages on its `WEBCTX_FETCH__PER_HOST_CONCURRENCY` (2) connections, in
+the best order (several of a job's pages can share one of the 20 hosts). Rows with
+levers (`--levers`) set the named WEBCTX_ variables.
 
     WEBCTX_BENCH_LOCAL_BACKEND=onnx .venv/bin/python bench/latency.py [--questions 5]
         [--levers] [--write]
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
+import itertools
 import os
 import random
 import statistics
@@ -58,7 +65,7 @@ from webctx.devweb.searxng import SearchDoc, make_searxng_app  # noqa: E402
 from webctx.devweb.server import LoopbackServer  # noqa: E402
 from webctx.devweb.site import SitePage, make_site_app  # noqa: E402
 from webctx.models import Bundle, Download  # noqa: E402
-from webctx.settings import ChunkSettings  # noqa: E402
+from webctx.settings import ChunkSettings, FetchSettings  # noqa: E402
 from webctx.stages.chunk import chunk_page  # noqa: E402
 from webctx.stages.fetch import extract_page  # noqa: E402
 from workers.service_client import stop_service  # noqa: E402
@@ -67,6 +74,7 @@ HOSTS = 20
 EMBED_LATENCY_S = 0.3
 TOKEN_BUDGET = 1000
 STAGES = ("plan", "search", "fetch", "embed", "store", "rank")
+PER_HOST_CONCURRENCY = FetchSettings().per_host_concurrency
 
 
 def page_delay(path: str) -> float:
@@ -84,6 +92,7 @@ class LatencyWeb:
     embeddings: LoopbackServer
     hits: collections.Counter[str]
     delays: dict[str, float] = field(default_factory=dict)  # url -> delay
+    hosts: dict[str, int] = field(default_factory=dict)  # url path -> host number
 
     def stop(self) -> None:
         """Stop every server."""
@@ -115,11 +124,12 @@ def start_web(docs: Sequence[QADoc]) -> LatencyWeb:
              for d in docs}  # fmt: skip
     sites = [LoopbackServer(make_site_app(pages, hits=hits), host=f"127.0.1.{n + 1}").start()
              for n in range(HOSTS)]  # fmt: skip
-    search_docs, delays = [], {}
+    search_docs, delays, hosts = [], {}, {}
     for n, d in enumerate(docs):
         url = sites[n % HOSTS].url + d.url_path
         search_docs.append(SearchDoc(url, d.title, d.text))
         delays[d.url_path] = page_delay(d.url_path)
+        hosts[d.url_path] = n % HOSTS
     search = LoopbackServer(make_searxng_app(search_docs)).start()
     model = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}{_backend_suffix()}.bin"))
     print(f"vectors computed ahead: {warm_vectors(docs, model)}", flush=True)  # noqa: T201
@@ -132,7 +142,30 @@ def start_web(docs: Sequence[QADoc]) -> LatencyWeb:
             latency_s=EMBED_LATENCY_S,
         )  # fmt: skip
     ).start()
-    return LatencyWeb(sites, search, embeddings, hits, delays)
+    return LatencyWeb(sites, search, embeddings, hits, delays, hosts)
+
+
+def host_bound(delays: Sequence[float], slots: int) -> float:
+    """The least time one host's pages take on `slots` connections (every assignment of
+    pages to connections; a host holds a handful of a job's pages)."""
+    if not delays:
+        return 0.0
+    best = float("inf")
+    for assignment in itertools.product(range(slots), repeat=len(delays)):
+        loads = [0.0] * slots
+        for delay, slot in zip(delays, assignment, strict=True):
+            loads[slot] += delay
+        best = min(best, max(loads))
+    return best
+
+
+def per_host_bound(web: LatencyWeb, slots: int) -> float:
+    """The slowest host's pages of the last job on `slots` connections each."""
+    by_host: dict[int, list[float]] = collections.defaultdict(list)
+    for path in web.hits:
+        if path in web.delays:
+            by_host[web.hosts[path]].append(web.delays[path])
+    return max((host_bound(d, slots) for d in by_host.values()), default=0.0)
 
 
 def _env(web: LatencyWeb, *, api: bool, data: Path, extra: dict[str, str]) -> dict[str, str]:
@@ -161,11 +194,14 @@ class Run:
     wall: float
     job: float
     critical: float
+    bound: float
     stages: dict[str, float]
     chunks: int
     tokens: int
     requests: int
     hit: bool
+    first_wall: float = 0.0
+    first_job: float = 0.0
 
 
 def run_job(web: LatencyWeb, question: Question, sources: int, env: dict[str, str],
@@ -181,12 +217,26 @@ def run_job(web: LatencyWeb, question: Question, sources: int, env: dict[str, st
         raise SystemExit(f"job failed: {done.stderr[-3000:]}")
     bundle = Bundle.model_validate_json(done.stdout)
     slowest = max((web.delays.get(p, 0.0) for p in web.hits), default=0.0)
+    rtt = EMBED_LATENCY_S if api else 0.0
+    slots = int(env.get("WEBCTX_FETCH__PER_HOST_CONCURRENCY", PER_HOST_CONCURRENCY))
     s = bundle.stats
-    return Run(wall=wall, job=s.elapsed_s or 0.0,
-               critical=slowest + (EMBED_LATENCY_S if api else 0.0),
+    return Run(wall=wall, job=s.elapsed_s or 0.0, critical=slowest + rtt,
+               bound=per_host_bound(web, slots) + rtt,
                stages=dict(s.stage_s), chunks=s.chunks, tokens=s.tokens_embedded,
                requests=s.embed_requests,
                hit=hit(question, [c.text for c in bundle.chunks]))  # fmt: skip
+
+
+def start_service(env: dict[str, str], data: Path, *, timeout_s: float = 60.0) -> None:
+    """`webctx service start` for the data directory, then wait until its worker consumes
+    (the command returns once the service's Valkey answers, before its worker is ready)."""
+    cmd = [sys.executable, "-m", "webctx.cli", "service", "start"]
+    subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=ROOT)
+    log, deadline = data / "service.log", time.monotonic() + timeout_s
+    while b" ready." not in (log.read_bytes() if log.exists() else b""):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the local service was not ready in {timeout_s:g} s")
+        time.sleep(0.02)
 
 
 def _stop_service(data: Path) -> None:
@@ -207,17 +257,28 @@ class Config:
 
 
 def measure(web: LatencyWeb, questions: Sequence[Question], config: Config, tmp: Path) -> list[Run]:
-    """The config's job for each question, each in a new data directory."""
+    """The config's job for each question, twice, each time in a new data directory: with
+    the service started beforehand, then as the first call (which starts it)."""
     runs = []
     for n, question in enumerate(questions):
         data = tmp / f"{abs(hash(config))}-{n}"
         env = _env(web, api=config.api, data=data, extra=dict(config.extra))
         try:
-            runs.append(run_job(web, question, config.sources, env, api=config.api))
+            start_service(env, data)
+            run = run_job(web, question, config.sources, env, api=config.api)
         finally:
             _stop_service(data)
-        print(f"  {config.name} q{n}: wall {runs[-1].wall:.2f} job {runs[-1].job:.2f} "  # noqa: T201
-              f"critical {runs[-1].critical:.2f}", flush=True)  # fmt: skip
+        first_data = tmp / f"{abs(hash(config))}-{n}-first"
+        env = _env(web, api=config.api, data=first_data, extra=dict(config.extra))
+        try:
+            first = run_job(web, question, config.sources, env, api=config.api)
+        finally:
+            _stop_service(first_data)
+        run.first_wall, run.first_job = first.wall, first.job
+        runs.append(run)
+        print(f"  {config.name} q{n}: wall {run.wall:.2f} job {run.job:.2f} critical "  # noqa: T201
+              f"{run.critical:.2f} per-host bound {run.bound:.2f}; first call: wall "
+              f"{run.first_wall:.2f} job {run.first_job:.2f}", flush=True)  # fmt: skip
     return runs
 
 
@@ -233,19 +294,24 @@ def row(config: Config, runs: Sequence[Run]) -> str:
         med([r.wall for r in runs]),
     )
     ratio = med([r.job / r.critical for r in runs])
+    bound = med([r.bound for r in runs])
+    first_wall, first_job = med([r.first_wall for r in runs]), med([r.first_job for r in runs])
     stages = " | ".join(f"{med([r.stages.get(s, 0.0) for r in runs]):.2f}" for s in STAGES)
     return (
-        f"| {config.name} | {config.sources} | {critical:.2f} | {job:.2f} | {ratio:.2f} | "
-        f"{wall:.2f} | {wall - critical:+.2f} | {stages} | {med([r.chunks for r in runs]):.0f} | "
+        f"| {config.name} | {config.sources} | {critical:.2f} | {bound:.2f} | {job:.2f} | "
+        f"{ratio:.2f} | {med([r.job / r.bound for r in runs]):.2f} | {wall:.2f} | "
+        f"{wall - critical:+.2f} | {first_wall:.2f} | {first_job:.2f} | "
+        f"{stages} | {med([r.chunks for r in runs]):.0f} | "
         f"{med([r.tokens for r in runs]):,.0f} | {med([r.requests for r in runs]):.0f} | "
         f"{sum(r.hit for r in runs)}/{len(runs)} |"
     )
 
 
 HEADER = (
-    "| path | sources | critical path s | job s | job / critical | CLI wall s | wall - critical "
+    "| path | sources | critical path s | per-host bound s | job s | job / critical "
+    "| job / bound | CLI wall s | wall - critical | first call: CLI wall s | first call: job s "
     "| plan | search | fetch | embed | store | rank | chunks | tokens embedded | embed requests "
-    "| answer in bundle |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| answer in bundle |\n" + "|---" * 21 + "|"
 )
 MAIN = [
     Config("API", True, 8), Config("API", True, 20),
@@ -297,7 +363,8 @@ def main() -> None:
     text = (
         f"Median of {args.questions} held-out questions per row (lever rows: "
         f"{args.lever_questions}), each job cold (`webctx research`, embedded default, new "
-        f"data directory), token budget {TOKEN_BUDGET}; pages on {HOSTS} loopback hosts, "
+        f"data directory, the service started beforehand; the first call's columns: "
+        f"started by the command), token budget {TOKEN_BUDGET}; pages on {HOSTS} loopback hosts, "
         f"0.2-2 s each; embeddings endpoint {EMBED_LATENCY_S} s per request. Measured under "
         f"{loads[0]} at the start and {loads[-1]} at the end (the machine is shared: "
         "compare rows of this run, not absolute seconds). Stage seconds overlap.\n\n"
