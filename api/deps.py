@@ -1,20 +1,11 @@
-"""What the HTTP API and the MCP server share: the runtime, callers, submission, waiting.
-
-`Runtime` holds the job store and the key store of one process. In broker mode they are
-the broker's Redis and workers run elsewhere; with no broker (`CELERY_BROKER_URL` unset)
-they are the Valkey of the data directory's local service, whose workers run the jobs:
-the runtime starts it again if it stopped (idle, or killed) whenever a job is submitted
-or waited on.
+"""What the HTTP API and the MCP server share: the runtime, callers, submission (from
+`webctx.api.runtime`, which the CLI imports without FastAPI), the request dependencies,
+and waiting.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import logging
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import anyio
@@ -22,115 +13,28 @@ import anyio.to_thread
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from webctx.api.limits import check_request_limits
-from webctx.errors import (
-    ConfigError,
-    Conflict,
-    InvalidRequest,
-    JobNotFound,
-    QuotaExceeded,
-    TooManyRequests,
-    Unauthorized,
+from webctx.api.runtime import (
+    Caller,
+    Runtime,
+    authenticate,
+    check_auth_setting,
+    is_loopback,
+    open_runtime,
+    owned_progress,
+    submit,
 )
-from webctx.jobs.store import JobProgress, JobStore
-from webctx.jobs.tenants import TenantStore
-from webctx.models import JobRequest
-from webctx.settings import Settings
-from webctx.workers.deps import StateStores
+from webctx.jobs.store import JobProgress
 
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Runtime:
-    """The state one API or MCP process works with: its key owners on the state Redis."""
-
-    settings: Settings
-    stores: StateStores
-
-    @property
-    def jobs(self) -> JobStore:
-        """The job store."""
-        return self.stores.jobs
-
-    @property
-    def tenants(self) -> TenantStore:
-        """API keys and their request rates."""
-        return self.stores.tenants
-
-    @property
-    def auth_required(self) -> bool:
-        """True unless WEBCTX_API_AUTH=disabled."""
-        return self.settings.api_auth == "required"
-
-    def keep_service(self) -> None:
-        """With no broker: make sure the local service runs (and reset its idle clock)."""
-        if self.settings.embedded:
-            from webctx.workers.service_client import ensure_service
-
-            ensure_service(self.settings.data_dir)
-
-
-@dataclass(frozen=True)
-class Caller:
-    """An authenticated caller: its tenant, and its key id (None without keys)."""
-
-    tenant: str
-    key_id: str | None = None
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_auth_setting(settings: Settings, host: str) -> None:
-    """Refuse WEBCTX_API_AUTH=disabled on anything but a loopback address."""
-    if settings.api_auth == "disabled" and not is_loopback(host):
-        raise ConfigError(
-            f"WEBCTX_API_AUTH=disabled is for local use: refused on non-loopback host {host!r}"
-        )
-
-
-@contextmanager
-def open_runtime(settings: Settings) -> Iterator[Runtime]:
-    """The runtime for `settings`: its stores on the broker's Redis, or with no broker
-    on the local service's Valkey (the service started if none runs)."""
-    from webctx.workers.app import job_observers
-    from webctx.workers.deps import state_stores
-
-    # The API's job store tells the same observers as a worker's: the metrics it serves,
-    # and the batch feeder when a cancel ends a batch item's job.
-    stores = state_stores(settings, observers=job_observers())
-    try:
-        yield Runtime(settings, stores)
-    finally:
-        stores.close()
-
-
-def authenticate(runtime: Runtime, authorization: str | None) -> Caller:
-    """The caller behind an `Authorization: Bearer` header, rate-limited per key."""
-    if not runtime.auth_required:
-        return Caller(tenant=runtime.settings.local_tenant)
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    record = runtime.tenants.resolve(token.strip())
-    if record is None:
-        raise Unauthorized("invalid or revoked API key")
-    limit = record.rate_limit or runtime.settings.api_rate_limit_per_minute
-    decision = runtime.tenants.hit(record.key_id, limit=limit)
-    if not decision.allowed:
-        raise TooManyRequests(
-            f"rate limit of {limit} requests per minute exceeded",
-            retry_after_s=decision.retry_after_s,
-        )
-    return Caller(tenant=record.tenant, key_id=record.key_id)
+__all__ = [
+    "Caller",
+    "Runtime",
+    "authenticate",
+    "check_auth_setting",
+    "is_loopback",
+    "open_runtime",
+    "owned_progress",
+    "submit",
+]
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -160,58 +64,6 @@ def get_caller(runtime: RuntimeDep, bearer: BearerDep) -> Caller:
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
-
-
-def owned_progress(runtime: Runtime, caller: Caller, job_id: str) -> JobProgress:
-    """The job's progress if `caller`'s tenant owns it; JobNotFound otherwise (no leak)."""
-    if len(job_id) > 64 or runtime.jobs.tenant(job_id) != caller.tenant:
-        raise JobNotFound(job_id)
-    return runtime.jobs.progress(job_id)
-
-
-def submit(
-    runtime: Runtime, caller: Caller, request: JobRequest, *, idempotency_key: str | None = None
-) -> tuple[str, bool]:
-    """Start a job for the caller; (job id, True if new). Same idempotency key, same job."""
-    from webctx.workers.pipeline import submit_job
-
-    check_request_limits(request, runtime.settings)
-    runtime.keep_service()
-    job_id = uuid.uuid4().hex
-    limit = runtime.settings.tenant_max_stored_bytes
-    # Before the key is claimed: a refused job must not leave a key naming no job.
-    runtime.jobs.stored.check(caller.tenant, len(request.model_dump_json().encode()), limit=limit)
-    if idempotency_key is not None:
-        if not 1 <= len(idempotency_key) <= 255:
-            raise InvalidRequest("Idempotency-Key must be 1-255 characters")
-        claimed = runtime.jobs.claim_idempotency_key(caller.tenant, idempotency_key, job_id)
-        if claimed != job_id:
-            _check_same_request(runtime, claimed, request)
-            return claimed, False
-    try:
-        submit_job(
-            runtime.jobs,
-            request,
-            timeout_s=runtime.settings.job_timeout_s,
-            job_id=job_id,
-            tenant=caller.tenant,
-            max_stored_bytes=limit,
-        )
-    except QuotaExceeded:  # another submission took the last bytes since the check
-        if idempotency_key is not None:
-            runtime.jobs.release_idempotency_key(caller.tenant, idempotency_key, job_id)
-        raise
-    logger.info("job submitted", extra={"job_id": job_id, "tenant": caller.tenant})
-    return job_id, True
-
-
-def _check_same_request(runtime: Runtime, job_id: str, request: JobRequest) -> None:
-    try:
-        previous = runtime.jobs.request(job_id)
-    except JobNotFound:
-        return  # the first caller is creating it this very moment
-    if previous != request:
-        raise Conflict(f"Idempotency-Key already used for job {job_id} with a different request")
 
 
 async def wait_for_finish(

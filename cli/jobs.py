@@ -70,7 +70,7 @@ def research(
     ] = None,
 ) -> None:
     """Research a question and print its cited context bundle."""
-    from webctx.api.deps import Caller, open_runtime, submit
+    from webctx.api.runtime import Caller, open_runtime, submit
 
     request = _request(
         question,
