@@ -7,10 +7,6 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
-
 from webctx.errors import WebctxError
 from webctx.jobs.store import JobProgress
 
@@ -40,6 +36,10 @@ def wait_for_job(
     stream = stream or sys.stderr
     deadline = time.monotonic() + timeout_s
     if stream.isatty():
+        from rich.console import Console  # a live display only on a terminal
+        from rich.live import Live
+        from rich.text import Text
+
         console = Console(file=stream)
         with Live(
             Text("starting…"), console=console, transient=False, refresh_per_second=8

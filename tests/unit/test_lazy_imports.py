@@ -45,15 +45,16 @@ def test_the_openai_embedder_still_reaches_its_endpoint_lazily() -> None:
     embedder.close()
 
 
-def test_the_research_command_loads_no_web_framework() -> None:
+def test_the_research_command_loads_no_web_framework_numpy_or_live_display() -> None:
     """`webctx research` imports what it runs (submission, the job store, the wait), not
-    FastAPI: every question's CLI call would pay its ~60-90 ms before the job starts."""
+    FastAPI, numpy (vectors are handled by the workers) or rich's live display (a terminal
+    only): every question's CLI call pays their ~60-90 ms each before the job starts."""
     modules = ["webctx.cli.main", "webctx.cli.app", "webctx.api.runtime",
                "webctx.workers.pipeline", "webctx.cli.progress"]  # fmt: skip
     script = (
         f"import importlib, json, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
-        f"heavy = ('fastapi', 'webctx.api.deps')\n"
+        f"heavy = ('fastapi', 'webctx.api.deps', 'numpy', 'rich.live')\n"
         f"print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,

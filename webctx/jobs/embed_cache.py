@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-import numpy as np
 import redis
 
 from webctx.stages.embed import cache_text
@@ -43,6 +42,8 @@ class RedisEmbeddingCache:
         """The cached vector of each text, or None; one MGET, plus TTL refresh of the hits."""
         if not texts:
             return []
+        import numpy as np  # loaded where vectors are handled, not in every client (the CLI)
+
         keys = [cache_key(model, dimensions, t) for t in texts]
         raw = self._client.mget(keys)
         found: list[list[float] | None] = []
@@ -66,6 +67,8 @@ class RedisEmbeddingCache:
         """Store each text's vector with the cache TTL (one pipelined round trip)."""
         if len(texts) != len(vectors):
             raise ValueError("one vector per text")
+        import numpy as np
+
         with self._client.pipeline(transaction=False) as pipe:
             for text, vector in zip(texts, vectors, strict=True):
                 value = np.asarray(vector, dtype="<f4").tobytes()

@@ -18,11 +18,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 import redis
 
 from webctx.models import Chunk, Page
+
+if TYPE_CHECKING:  # numpy loads where vectors are handled, not in every client (the CLI)
+    import numpy as np
 
 STAGING_TTL_S = 24 * 3600
 
@@ -78,6 +81,8 @@ class ChunkStaging:
         shas = {c.content_sha256 for c in chunks}
         if len(shas) != 1:
             raise ValueError("staged chunks must come from one page")
+        import numpy as np
+
         try:
             matrix = np.asarray(vectors, dtype="<f4")
         except ValueError:  # ragged rows
@@ -103,6 +108,8 @@ class ChunkStaging:
         dim = int(dim_raw)
         if dim <= 0 or len(blob) != 4 * dim * len(spans):
             return None  # torn or foreign entry: embed again rather than store garbage
+        import numpy as np
+
         vectors = np.frombuffer(blob, dtype="<f4").reshape(len(spans), dim)
         return StagedPage(spans, vectors)
 
