@@ -227,9 +227,32 @@ def _prepare(instance: Any = None, **_: Any) -> None:
         queues -= STORE_QUEUES
     load_tokenizer(queues)
     _heartbeat.extend(make_heartbeat())
+    _warm_on_ready[:] = [bool(queues & EMBEDDER_QUEUES)]
 
 
 _heartbeat: list[Heartbeat] = []
+EMBEDDER_QUEUES = frozenset({"embed", "rank", REINDEX_QUEUE})
+"""Queues whose tasks embed (pages, the question, re-indexed pages)."""
+_warm_on_ready: list[bool] = []
+
+
+@signals.worker_ready.connect(weak=False)
+def _warm_embedder(**_: Any) -> None:
+    """Once consuming, build the embedder's client in the background (the OpenAI client
+    costs ~0.5 s of CPU to import): at start it would delay the job's first tasks, which
+    need none, and the first embed then finds it built."""
+    if _warm_on_ready and _warm_on_ready[0]:
+        threading.Thread(target=warm_embedder, name="embedder-warm", daemon=True).start()
+
+
+def warm_embedder() -> None:
+    """Build this process's embedder client now, if it builds one lazily."""
+    warm = getattr(worker_deps().engine.embedder, "warm", None)
+    if callable(warm):
+        try:
+            warm()
+        except Exception:  # the first embed will say what is wrong
+            logger.warning("embedder not warmed", exc_info=True)
 
 
 def make_heartbeat() -> list[Heartbeat]:

@@ -60,3 +60,21 @@ def test_the_research_command_loads_no_web_framework_numpy_or_live_display() -> 
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=True)  # fmt: skip
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_building_the_openai_embedder_loads_its_client_only_when_warmed() -> None:
+    """A worker builds its embedder before consuming; the client's ~0.5 s import then
+    waits for `warm()` (a background thread once the worker consumes) or the first embed,
+    instead of delaying the job's first tasks."""
+    script = (
+        "import json, sys\n"
+        "from webctx.adapters.openai_embedder import OpenAIEmbedder\n"
+        "e = OpenAIEmbedder(base_url='http://127.0.0.1:9/v1', api_key=None, model='m')\n"
+        "built = 'openai' in sys.modules\n"
+        "e.warm()\n"
+        "print(json.dumps([built, 'openai' in sys.modules]))\n"
+        "e.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True)  # fmt: skip
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, True]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,12 @@ _TRANSIENT_4XX = {408, 409}
 
 
 class OpenAIEmbedder:
-    """One `embeddings.create` request per `embed()` call; errors mapped onto webctx's tree."""
+    """One `embeddings.create` request per `embed()` call; errors mapped onto webctx's tree.
+
+    The client (and the `openai` package, ~0.5 s of CPU to import) is built at the first
+    request, or by `warm()`: a worker building its collaborators at start then consumes
+    tasks that long sooner (its plan and search tasks need no embedder), and a process
+    that never embeds never loads it."""
 
     def __init__(
         self,
@@ -49,21 +55,32 @@ class OpenAIEmbedder:
     ) -> None:
         self.model = model
         self.dimensions = dimensions
-        import openai  # here, not at the top: ~0.5 s of CPU that processes never embedding skip
+        self._options = {"base_url": base_url, "api_key": api_key or _PLACEHOLDER_KEY,
+                         "timeout": timeout_s, "max_retries": 0}  # fmt: skip
+        self._made: openai.OpenAI | None = None
+        self._lock = threading.Lock()
 
-        self._client = openai.OpenAI(
-            base_url=base_url,
-            api_key=api_key or _PLACEHOLDER_KEY,
-            timeout=timeout_s,
-            max_retries=0,
-        )
+    @property
+    def _client(self) -> openai.OpenAI:
+        """The client, built on first use (thread-safe)."""
+        with self._lock:
+            if self._made is None:
+                import openai  # here, not at the top: processes never embedding skip it
+
+                self._made = openai.OpenAI(**self._options)  # type: ignore[arg-type]
+            return self._made
+
+    def warm(self) -> None:
+        """Build the client now (a worker's background thread, ahead of its first embed)."""
+        _ = self._client
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         """One vector per text, same order, with the answer's rate-limit headers. Raises
         RateLimited (with the 429's headers), ProviderUnavailable, ProviderError."""
         if not texts:
             return Embeddings([])
-        import openai  # already loaded by __init__
+        client = self._client
+        import openai  # loaded by `_client`
 
         body: dict[str, object] = {
             "model": self.model,
@@ -73,7 +90,7 @@ class OpenAIEmbedder:
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
         try:
-            response = self._client.post(
+            response = client.post(
                 "/embeddings",
                 cast_to=httpx.Response,
                 body=body,
@@ -86,8 +103,11 @@ class OpenAIEmbedder:
         return Embeddings(_vectors(response, len(texts)), rate_limit_headers(response.headers))
 
     def close(self) -> None:
-        """Close the underlying HTTP client."""
-        self._client.close()
+        """Close the underlying HTTP client, if it was built."""
+        with self._lock:
+            made, self._made = self._made, None
+        if made is not None:
+            made.close()
 
 
 def _vectors(response: httpx.Response, count: int) -> list[list[float]]:
