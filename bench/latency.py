@@ -31,6 +31,7 @@ import argparse
 import collections
 import hashlib
 import itertools
+import json
 import os
 import random
 import statistics
@@ -234,14 +235,30 @@ def run_job(web: LatencyWeb, question: Question, sources: int, env: dict[str, st
 
 def start_service(env: dict[str, str], data: Path, *, timeout_s: float = 60.0) -> None:
     """`webctx service start` for the data directory, then wait until its worker consumes
-    (the command returns once the service's Valkey answers, before its worker is ready)."""
+    (the command returns once the service's Valkey answers, before its worker is ready)
+    and the service is idle (what it loads in the background once ready, such as the
+    embeddings client, is loaded), as a service running for a while would be."""
     cmd = [sys.executable, "-m", "webctx.cli", "service", "start"]
-    subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=ROOT)
+    done = subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=ROOT, text=True)
+    pid = int(json.loads(done.stdout)["pid"])
     log, deadline = data / "service.log", time.monotonic() + timeout_s
     while b" ready." not in (log.read_bytes() if log.exists() else b""):
         if time.monotonic() > deadline:
             raise SystemExit(f"the local service was not ready in {timeout_s:g} s")
         time.sleep(0.02)
+    busy = _cpu_s(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = _cpu_s(pid)
+        if now - busy < 0.02:  # under 8% of a core for a quarter second: idle
+            return
+        busy = now
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop_service(data: Path) -> None:
