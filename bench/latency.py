@@ -208,6 +208,8 @@ class Run:
     hit: bool
     first_wall: float = 0.0
     first_job: float = 0.0
+    ahead: int = 0
+    at_rank: int = 0
 
 
 def run_job(web: LatencyWeb, question: Question, sources: int, env: dict[str, str],
@@ -229,7 +231,7 @@ def run_job(web: LatencyWeb, question: Question, sources: int, env: dict[str, st
     return Run(wall=wall, job=s.elapsed_s or 0.0, critical=slowest + rtt,
                bound=per_host_bound(web, slots) + rtt,
                stages=dict(s.stage_s), chunks=s.chunks, tokens=s.tokens_embedded,
-               requests=s.embed_requests,
+               requests=s.embed_requests, ahead=s.embedded_ahead, at_rank=s.embedded_at_rank,
                hit=hit(question, [c.text for c in bundle.chunks]))  # fmt: skip
 
 
@@ -299,7 +301,9 @@ def measure(web: LatencyWeb, questions: Sequence[Question], config: Config, tmp:
         run.first_wall, run.first_job = first.wall, first.job
         runs.append(run)
         print(f"  {config.name} q{n}: wall {run.wall:.2f} job {run.job:.2f} critical "  # noqa: T201
-              f"{run.critical:.2f} per-host bound {run.bound:.2f}; first call: wall "
+              f"{run.critical:.2f} per-host bound {run.bound:.2f} "
+              f"rank {run.stages.get('rank', 0):.2f} ahead {run.ahead} at rank {run.at_rank}; "
+              f"first call: wall "
               f"{run.first_wall:.2f} job {run.first_job:.2f}", flush=True)  # fmt: skip
     return runs
 
@@ -325,6 +329,7 @@ def row(config: Config, runs: Sequence[Run]) -> str:
         f"{wall - critical:+.2f} | {first_wall:.2f} | {first_job:.2f} | "
         f"{stages} | {med([r.chunks for r in runs]):.0f} | "
         f"{med([r.tokens for r in runs]):,.0f} | {med([r.requests for r in runs]):.0f} | "
+        f"{med([r.ahead for r in runs]):.0f} / {med([r.at_rank for r in runs]):.0f} | "
         f"{sum(r.hit for r in runs)}/{len(runs)} |"
     )
 
@@ -333,7 +338,7 @@ HEADER = (
     "| path | sources | critical path s | per-host bound s | job s | job / critical "
     "| job / bound | CLI wall s | wall - critical | first call: CLI wall s | first call: job s "
     "| plan | search | fetch | embed | store | rank | chunks | tokens embedded | embed requests "
-    "| answer in bundle |\n" + "|---" * 21 + "|"
+    "| chunks embedded ahead / at rank | answer in bundle |\n" + "|---" * 22 + "|"
 )
 MAIN = [
     Config("API", True, 8), Config("API", True, 20),

@@ -246,6 +246,11 @@ class BundleStats(BaseModel):
     tokens_saved: int = 0
     index_reused: int = 0
     """Sources taken from the persistent index (fresh) instead of fetched."""
+    embedded_ahead: int = 0
+    """Chunks of a first-pass job embedded as their pages arrived, before rank; those rank
+    selects count among its `cache_hits`."""
+    embedded_at_rank: int = 0
+    """Texts a first-pass job's rank embedded itself (its selection's cache misses)."""
     bundle_tokens: int = 0
     flagged_chunks: int = 0
     """Chunks of the bundle flagged `instructions` (page text that addresses the model)."""

@@ -222,6 +222,12 @@ class PrefilterSettings(_Group):
     smallest selection measured that kept answer recall (docs/benchmarks.md,
     `prefilter_recall`): ~620 of ~1,280 chunks of an 8-source job; 256/2/32 (~290 chunks)
     lost 0.005 at most budgets up to 1,000 tokens."""
+    ahead: bool = True
+    """Embed each page's chunks the pass is likely to select (its own first pass, with the job's
+    limits shared out per source) into the embedding cache as the page arrives, while other pages
+    download, so rank embeds only the rest. Stops once every page is in; needs the embedding
+    cache (not with the hash embedder). The selection is unchanged: rank still selects over all
+    the job's chunks (webctx.stages.ahead)."""
 
 
 class BatchSettings(_Group):

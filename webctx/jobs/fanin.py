@@ -2,7 +2,8 @@
 
     plan ─► search × queries ─► (last search) choose URLs ─► fetch × URLs ─► embed × pages
          ─► store × pages ─► (last page settled) rank ─► bundle
-    a one-off job (the lexical first pass): fetch × URLs ─► (last page fetched) rank
+    a one-off job (the lexical first pass): fetch × URLs ─► embed ahead × pages but the
+         last (likely chunks, into the embedding cache) ─► (last page settled) rank
          ─► bundle ─► index_later × pages (low priority)
     a script-filled page: fetch ─► render ─► embed (its fetch completes when render ends)
       └──► embed_question (the question's vector into the embedding cache, ahead of rank)

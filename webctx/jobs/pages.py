@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import redis
 
 from webctx.errors import TransientError
+from webctx.jobs.ahead import ahead_wanted, embed_page_ahead
 from webctx.jobs.engine import Engine, Retry
 from webctx.jobs.fetching import fetch_for_job
 from webctx.jobs.rendering import ToRender, render_for_job
@@ -65,7 +66,10 @@ def _fetched(engine: Engine, job_id: str, url_id: str, page: Page | None) -> Non
     """The page's fetch is complete: on to embed, or settled (failed, or stored already)."""
     engine.fanin.fetched(job_id, url_id)
     if page is not None and prefiltered(engine, job_id):
-        engine.fanin.settled(job_id, url_id)  # rank embeds what it can reach of it
+        if ahead_wanted(engine, job_id):
+            engine.fanin.to_embed(job_id, url_id)  # its likely chunks ahead, then settled
+        else:
+            engine.fanin.settled(job_id, url_id)  # rank embeds what it can reach of it
     elif page is not None and not _stored_already(engine, job_id, url_id, page):
         engine.fanin.to_embed(job_id, url_id)
     else:
@@ -74,11 +78,20 @@ def _fetched(engine: Engine, job_id: str, url_id: str, page: Page | None) -> Non
 
 def embed_one(engine: Engine, job_id: str, url_id: str, *, retry: Retry) -> None:
     """Chunk and embed one page and stage the vectors for its store task, or settle the
-    page here (already stored, nothing to store, or failed)."""
+    page here (already stored, nothing to store, or failed). A first-pass job's page is
+    embedded ahead of rank instead (its likely chunks, into the embedding cache:
+    `webctx.jobs.ahead`), then settled."""
     jobs = engine.jobs
     if not jobs.is_active(job_id):
         return
     page = jobs.page_for(job_id, url_id)
+    if prefiltered(engine, job_id):  # a first-pass job: nothing is staged or stored now
+        if page is not None and not jobs.is_done(job_id, "embed", url_id):
+            with _delivery(engine, job_id, "embed", url_id, url=page.url) as alive:
+                if alive:
+                    embed_page_ahead(engine, job_id, page)
+        engine.fanin.settled(job_id, url_id)
+        return
     staged = False
     if page is not None and not jobs.is_done(job_id, "embed", url_id):
         jobs.mark_stage(job_id, "embed", start=True)

@@ -229,6 +229,7 @@ def _stats(engine: Engine, job_id: str, *, pages_count: int) -> BundleStats:
         cache_hits=counters.get("cache_hits", 0),
         tokens_saved=counters.get("tokens_saved", 0),
         index_reused=counters.get("index_reused", 0),
+        embedded_ahead=counters.get("embedded_ahead", 0),
     )
 
 

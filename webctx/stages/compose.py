@@ -250,6 +250,7 @@ def prefilter_candidates(
     stats.cache_hits += outcome.cache_hits
     stats.tokens_saved += outcome.tokens_saved
     stats.chunks = len(chunks)
+    stats.embedded_at_rank = len(texts) - outcome.cache_hits
     vectors = outcome.vectors
     if question_vector is None:
         question_vector, vectors = vectors[0], vectors[1:]
