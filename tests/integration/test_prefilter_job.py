@@ -1,19 +1,25 @@
 """A one-off job through the lexical first pass, on a real worker: the bundle is built
 from the chunks the pass embedded, and every chunk of its pages reaches the vector store
-afterwards, for the index."""
+afterwards, for the index; its pages are embedded as they arrive, and rank embeds only
+the rest."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.conftest import clean_env, redis_url, run_cli
 from tests.integration.test_research_job import QUESTION, _assert_grounded
-from tests.testweb import LoopbackWeb
+from tests.testweb import LoopbackWeb, start_test_web
 from webctx.adapters.edge_store import EdgeVectorStore
+from webctx.devweb.site import SitePage
 from webctx.models import Bundle
+
+GLACIER = "when did the Aletsch glacier retreat from the Rhone valley?"
 
 
 def test_a_prefiltered_job_answers_first_and_indexes_every_chunk_later(
@@ -44,3 +50,53 @@ def test_a_prefiltered_job_answers_first_and_indexes_every_chunk_later(
         assert reopened.count() == bundle.stats.chunks
     finally:
         reopened.close()
+
+
+def _glacier_page(n: int) -> str:
+    paragraphs = "".join(
+        f"<p>Ledger {n}.{i}: the Aletsch glacier retreat from the Rhone valley was measured "
+        f"in survey {i}, when the ice front stood {100 + 7 * i + n} metres higher.</p>"
+        for i in range(30)
+    )
+    return (
+        f"<html><head><title>Aletsch ledger {n}</title></head><body><article><h1>Aletsch "
+        f"glacier ledger {n}</h1>{paragraphs}</article></body></html>"
+    )
+
+
+@pytest.fixture(scope="module")
+def glacier_web() -> Iterator[LoopbackWeb]:
+    """Three glacier pages; the third answers after 1.5 s (the others are in by then)."""
+    text = "Aletsch glacier retreat Rhone valley ledger survey ice front"
+    extra = {
+        f"/glacier/{n}.html": (SitePage(body=_glacier_page(n), delay_s=1.5 if n == 2 else 0.0),
+                               f"Aletsch glacier retreat ledger {n}", text)
+        for n in range(3)
+    }  # fmt: skip
+    web = start_test_web(extra=extra)
+    yield web
+    web.stop()
+
+
+def test_a_prefiltered_jobs_pages_are_embedded_as_they_arrive_and_rank_embeds_the_rest(
+    glacier_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
+) -> None:
+    env = clean_env(
+        **glacier_web.env(), CELERY_BROKER_URL=redis_url(),
+        WEBCTX_QDRANT_PATH=str(tmp_path / "q"), WEBCTX_PREFILTER__WHEN="always",
+    )  # fmt: skip
+    start_worker(env)
+    done = run_cli(env, "research", GLACIER, "--max-sources", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    bundle = Bundle.model_validate_json(done.stdout)
+    stats = bundle.stats
+    assert stats.fetched == 3 and {s.url.rsplit("/", 1)[1] for s in bundle.sources} <= {
+        "0.html",
+        "1.html",
+        "2.html",
+    }
+    # Every chunk is selected here (few pages); the two fast pages were embedded while
+    # the slow one downloaded, and rank embedded the slow page's chunks alone.
+    assert stats.embedded_ahead > 0
+    assert 0 < stats.embedded_at_rank < stats.chunks
+    assert stats.embedded_ahead + stats.embedded_at_rank == stats.chunks
