@@ -349,6 +349,8 @@ LEVERS = [
     Config("API, first pass always", True, 20, (("WEBCTX_PREFILTER__WHEN", "always"),)),
     Config("API, 8 task threads", True, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
     Config("local model, no first pass", False, 8, OFF),
+    Config("local model, no page embedded ahead", False, 8,
+           (("WEBCTX_PREFILTER__AHEAD", "false"),)),
     Config("local model, 8 task threads", False, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
     Config("local model int8", False, 20, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx-int8"),)),
 ]  # fmt: skip

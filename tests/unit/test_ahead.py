@@ -84,6 +84,18 @@ def test_embed_ahead_fills_the_cache_and_stops_when_told(redis_client: object) -
 Started = list[tuple[str, list[tuple[str | int, ...]]]]
 
 
+def test_embed_ahead_sends_a_whole_page_at_once_without_a_batch(redis_client: object) -> None:
+    # An API's time is the provider's round trip: one request per page, not one per 16.
+    page = make_page(text=_text("The glacier retreated in 1850, the record says."))
+    embedder = CountingEmbedder()
+    prefilter = PrefilterSettings(chunks=40, per_page=8, neighbours=8)
+    outcome = embed_ahead(QUESTION, page, embedder=embedder, cache=_cache(),
+                          chunking=ChunkSettings(max_tokens=16), embedding=EmbedSettings(),
+                          prefilter=prefilter, sources=1, stop=lambda: False,
+                          batch=None)  # fmt: skip
+    assert outcome.requests == 1 and outcome.chunks == len(embedder.texts) > 16
+
+
 def _engine(
     tmp_path: Path, embedder: CountingEmbedder, **prefilter: object
 ) -> tuple[Deps, Engine, Started]:

@@ -58,6 +58,7 @@ def embed_page_ahead(engine: Engine, job_id: str, page: Page) -> None:
                 jobs.request(job_id).question, page, embedder=engine.embedder, cache=cache,
                 chunking=settings.chunk, embedding=settings.embed, prefilter=settings.prefilter,
                 sources=len(jobs.urls(job_id)), stop=stop, limiter=engine.limiter,
+                batch=16 if local else None,
             )  # fmt: skip
     except redis.RedisError:
         raise  # the job store is down, not the page: redelivered once Redis is back

@@ -62,21 +62,23 @@ def embed_ahead(
     sources: int,
     stop: Callable[[], bool],
     limiter: RedisRateLimiter | None = None,
-    batch: int = 16,
+    batch: int | None = 16,
 ) -> AheadOutcome:
     """Embed the page's `likely_selected` chunks into `cache`, `batch` at a time, most
     likely first, until done or `stop()` says so (checked before each batch: once every
-    page is in, rank knows the real selection and takes over). Small batches: rank waits
-    for the one in flight, and they cost the model less padding per chunk."""
+    page is in, rank knows the real selection and takes over). Small batches for a model
+    in process: rank waits for the one in flight. `batch=None`: all in one go (an API:
+    one request per page, its time is the provider's)."""
     chunks = chunk_page(page, max_tokens=chunking.max_tokens,
                         overlap_tokens=chunking.overlap_tokens)  # fmt: skip
     texts = [c.text for c in chunks]
     order = likely_selected(question, chunks, prefilter=prefilter, sources=sources)
     done = AheadOutcome()
-    for start in range(0, len(order), batch):
+    step = batch or max(len(order), 1)
+    for start in range(0, len(order), step):
         if stop():
             break
-        part = [texts[i] for i in order[start : start + batch]]
+        part = [texts[i] for i in order[start : start + step]]
         outcome = embed_with_cache(
             part, embedder, cache=cache, limiter=limiter,
             max_inputs=embedding.max_inputs_per_request,
