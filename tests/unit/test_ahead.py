@@ -7,11 +7,13 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.conftest import redis_url
 from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.errors import ProviderUnavailable
 from webctx.jobs import pages, steps
 from webctx.jobs.embed_cache import RedisEmbeddingCache
 from webctx.jobs.engine import Engine
@@ -94,6 +96,25 @@ def test_embed_ahead_sends_a_whole_page_at_once_without_a_batch(redis_client: ob
                           prefilter=prefilter, sources=1, stop=lambda: False,
                           batch=None)  # fmt: skip
     assert outcome.requests == 1 and outcome.chunks == len(embedder.texts) > 16
+
+
+class RefusingEmbedder(CountingEmbedder):
+    """Refuses every request, as a provider that is down does."""
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        self.texts += texts
+        raise ProviderUnavailable(self.model, "down")
+
+
+def test_embed_ahead_does_not_retry_a_refused_request(redis_client: object) -> None:
+    # A retry's backoff would keep the page unsettled, and rank waiting for it.
+    page = make_page(text=_text("The glacier retreated in 1850, the record says."))
+    embedder = RefusingEmbedder()
+    with pytest.raises(ProviderUnavailable):
+        embed_ahead(QUESTION, page, embedder=embedder, cache=_cache(),
+                    chunking=ChunkSettings(max_tokens=16), embedding=EmbedSettings(),
+                    prefilter=PrefilterSettings(), sources=1, stop=lambda: False)  # fmt: skip
+    assert len(embedder.texts) == 16  # one attempt at the first batch
 
 
 def _engine(

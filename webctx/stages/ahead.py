@@ -68,7 +68,8 @@ def embed_ahead(
     likely first, until done or `stop()` says so (checked before each batch: once every
     page is in, rank knows the real selection and takes over). Small batches for a model
     in process: rank waits for the one in flight. `batch=None`: all in one go (an API:
-    one request per page, its time is the provider's)."""
+    one request per page, its time is the provider's). One attempt per call: a refusal
+    is raised at once, as a retry's backoff would hold rank back (rank embeds the rest)."""
     chunks = chunk_page(page, max_tokens=chunking.max_tokens,
                         overlap_tokens=chunking.overlap_tokens)  # fmt: skip
     texts = [c.text for c in chunks]
@@ -83,7 +84,7 @@ def embed_ahead(
             part, embedder, cache=cache, limiter=limiter,
             max_inputs=embedding.max_inputs_per_request,
             max_tokens_per_request=embedding.max_tokens_per_request,
-            max_input_tokens=embedding.max_input_tokens, max_attempts=embedding.max_attempts,
+            max_input_tokens=embedding.max_input_tokens, max_attempts=1,
         )  # fmt: skip
         done.chunks += len(part)
         done.requests += outcome.requests
