@@ -100,8 +100,11 @@ def _run_worker(settings: Settings, address: Path) -> int:
                              name="service-idle").start()  # fmt: skip
 
     def stopping(**_: Any) -> None:
+        # Not `service.stop()`, which waits for beat's thread for good: with the broker
+        # gone that thread retries its connection forever, and the service never exited.
         for service in beat:
-            service.stop()
+            service.service.stop(wait=False)
+            service.join(timeout=BEAT_STOP_S)
 
     signals.worker_ready.connect(started, weak=False)
     signals.worker_shutdown.connect(stopping, weak=False)
@@ -124,6 +127,9 @@ def _queued() -> int:
     lists = [n if step == 0 else f"{n}{PRIORITY_SEP}{step}" for n in names for step in steps]
     return worker_deps().stores.queued(lists)
 
+
+BEAT_STOP_S = 5.0
+"""How long a stopping service waits for beat to save its schedule (its thread is a daemon)."""
 
 HOUSEKEEPING = frozenset({"webctx.index.tick"})
 """Tasks the service runs on its own schedule: they do not keep it from going idle."""

@@ -163,6 +163,30 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     assert run_cli(env, "service", "status").returncode == 1
 
 
+def test_a_service_whose_valkey_died_still_stops_on_sigterm(data_dir: Path) -> None:
+    # Beat ticks often, so its thread is publishing (and reconnecting) when Valkey dies.
+    env = clean_env(WEBCTX_EMBEDDING_PROVIDER="hash", WEBCTX_SERVICE_IDLE_S="0",
+                    WEBCTX_INDEX__TICK_S="0.2")  # fmt: skip
+    started = run_cli(env, "service", "start")
+    assert started.returncode == 0, started.stderr[-3000:]
+    pid = json.loads(started.stdout)["pid"]
+    _wait_for(lambda: b" ready." in (data_dir / "service.log").read_bytes(), 60, "ready")
+    valkey = state_server_pid(data_dir)
+    assert valkey is not None
+    os.kill(valkey, signal.SIGKILL)
+    time.sleep(1.0)  # beat's next ticks find no broker and retry
+    os.kill(pid, signal.SIGTERM)
+    # Beat's thread, stuck reconnecting to a broker that is gone, no longer holds the exit.
+    _wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 30, "the exit")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 @pytest.mark.slow
 def test_with_no_configuration_the_api_serves_with_keys_and_the_index_is_kept(
     test_web: LoopbackWeb, data_dir: Path, tmp_path: Path
