@@ -37,14 +37,19 @@ EVERYTHING = 1_000_000
 ROWS: dict[str, PrefilterSettings] = {
     "every chunk embedded (no first pass)": PrefilterSettings(chunks=EVERYTHING),
     "BM25 top 256 alone": PrefilterSettings(chunks=256, per_page=0, neighbours=0),
-    "BM25 top 128 + 2 per page + neighbours of top 32": PrefilterSettings(chunks=128),
-    "BM25 top 256 + 2 per page + neighbours of top 32": PrefilterSettings(chunks=256),
-    "BM25 top 512 + 2 per page + neighbours of top 32": PrefilterSettings(chunks=512),
+    "BM25 top 256 + 2 per page + neighbours of top 32": PrefilterSettings(
+        chunks=256, per_page=2, neighbours=32),
+    "BM25 top 512 + 2 per page + neighbours of top 32": PrefilterSettings(
+        chunks=512, per_page=2, neighbours=32),
     "BM25 top 256 + 8 per page + neighbours of top 64": PrefilterSettings(
         chunks=256, per_page=8, neighbours=64),
-    "BM25 top 512 + 8 per page + neighbours of top 128 (default)": PrefilterSettings(),
+    "BM25 top 512 + 8 per page + neighbours of top 128": PrefilterSettings(
+        chunks=512, per_page=8, neighbours=128),
     "BM25 top 768 + 8 per page + neighbours of top 128": PrefilterSettings(
         chunks=768, per_page=8, neighbours=128),
+    "BM25 top 768 + 16 per page + neighbours of top 256 (default)": PrefilterSettings(),
+    "BM25 top 1024 + 8 per page + neighbours of top 128": PrefilterSettings(
+        chunks=1024, per_page=8, neighbours=128),
 }  # fmt: skip
 
 

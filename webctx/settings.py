@@ -213,15 +213,15 @@ class PrefilterSettings(_Group):
     every chunk of every page is embedded as its page arrives. Batch items' pages always are.
     Afterwards the pages are embedded and stored whole for the index (`webctx.index_later`,
     store queue, low priority; in the embedded default, by the local service)."""
-    chunks: int = Field(default=512, ge=0)
+    chunks: int = Field(default=768, ge=0)
     """The best chunks by BM25 over all the job's chunks."""
-    per_page: int = Field(default=8, ge=0)
+    per_page: int = Field(default=16, ge=0)
     """Each page's best chunks by BM25, besides."""
-    neighbours: int = Field(default=128, ge=0)
+    neighbours: int = Field(default=256, ge=0)
     """The chunks next to this many of the best BM25 hits, besides. The defaults are the
-    smallest selection measured that kept answer recall (docs/benchmarks.md,
-    `prefilter_recall`): ~620 of ~1,280 chunks of an 8-source job; 256/2/32 (~290 chunks)
-    lost 0.005 at most budgets up to 1,000 tokens."""
+    smallest selection measured that kept answer recall at every budget of both seeds
+    (docs/benchmarks.md, `prefilter_recall`): ~900 of ~1,280 chunks of an 8-source job;
+    512/8/128 (~620 chunks) was one question in 200 short at 500 tokens."""
     ahead: bool = True
     """Embed each page's chunks the pass is likely to select (its own first pass, with the job's
     limits shared out per source) into the embedding cache as the page arrives, while other pages
