@@ -19,12 +19,11 @@ demo: install
 
 # The whole suite: in parallel (each xdist worker has its own Redis database, see
 # tests/conftest.py; integration tests mostly wait on worker processes, so more workers than
-# cores pay off: on a fresh clone on 2 cores, 1,012 tests ran in 5:29 with 6 workers and
-# 5:28 with 8; when the suite was CPU-bound 4 took 6:07 and 8 5:35 against 6's 4:44), then
-# alone the few tests that assert timing (marker `serial`, 40 tests, 0:33). The longest tests
-# start first and each xdist_group stays on one worker (tests/scheduling.py); the wall time
-# follows the machine's other load: 5:28 for the parallel run at a load average of 12-13,
-# 6:16 at 16 (fresh clones, 1,015 tests).
+# cores pay off), then alone the few tests that assert timing (marker `serial`, 40 tests).
+# The longest tests start first and each xdist_group stays on one worker (tests/scheduling.py).
+# On a fresh clone on 2 otherwise quiet cores: 1,029 tests in 3:26, then the serial 40 in 0:29
+# (5:02 with the install); the wall time follows the machine's other load (the parallel run
+# took 5:28 at a load average of 12-13 and 6:16 at 16).
 TEST_WORKERS ?= 6
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -p no:cacheprovider
 

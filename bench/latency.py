@@ -1,8 +1,9 @@
 """How close a research job comes to its critical path, with an embeddings API and with
 the local model, side by side in one run (issue #22).
 
-The held-out QA web: the SQuAD pages of shared/data/qa served on loopback by 20 servers,
-one per loopback address (as if on 20 hosts; per-host delay off), each page answering
+The held-out QA web: the SQuAD pages of shared/data/qa served on loopback, each page on a
+loopback address of its own (`--hosts N`: N addresses shared round-robin), so a job's 20
+sources are on 20 hosts as the issue measured them (per-host delay off), each answering
 after 0.2-2 s (a fixed delay per page, drawn from its path); a SearxNG-compatible BM25
 search over them; an OpenAI-compatible embeddings endpoint (webctx.devweb.embeddings,
 vectors of all-MiniLM-L6-v2 from the bench/out/ cache) answering each request after
@@ -18,7 +19,7 @@ call" columns). Paths: the API (OPENAI_BASE_URL set) and the local model (nothin
 all-MiniLM-L6-v2 in process on ONNX Runtime). The critical path of a job is its slowest
 page, plus one embeddings round trip on the API path; the per-host bound is the same
 with each host's pages on its `WEBCTX_FETCH__PER_HOST_CONCURRENCY` (2) connections, in
-the best order (several of a job's pages can share one of the 20 hosts). Rows with
+the best order (with `--hosts` below the pages, a job's pages can share a host). Rows with
 levers (`--levers`) set the named WEBCTX_ variables.
 
     WEBCTX_BENCH_LOCAL_BACKEND=onnx .venv/bin/python bench/latency.py [--questions 5]
@@ -71,7 +72,6 @@ from webctx.stages.chunk import chunk_page  # noqa: E402
 from webctx.stages.fetch import extract_page  # noqa: E402
 from workers.service_client import stop_service  # noqa: E402
 
-HOSTS = 20
 EMBED_LATENCY_S = 0.3
 TOKEN_BUDGET = 1000
 STAGES = ("plan", "search", "fetch", "embed", "store", "rank")
@@ -86,7 +86,7 @@ def page_delay(path: str) -> float:
 
 @dataclass
 class LatencyWeb:
-    """The site on HOSTS loopback addresses, the search and the embeddings endpoint."""
+    """The site on its loopback addresses, the search and the embeddings endpoint."""
 
     sites: list[LoopbackServer]
     search: LoopbackServer
@@ -118,19 +118,22 @@ def warm_vectors(docs: Sequence[QADoc], model: CachedMiniLM) -> int:
     return model.computed - before
 
 
-def start_web(docs: Sequence[QADoc]) -> LatencyWeb:
-    """Every page on every host (each search result names one host per page)."""
+def start_web(docs: Sequence[QADoc], hosts: int) -> LatencyWeb:
+    """Every page on every one of `hosts` loopback addresses (each search result names one
+    host per page, round-robin)."""
+    if not 1 <= hosts <= 254:
+        raise SystemExit("--hosts: 1 to 254 (addresses 127.0.1.1-254)")
     hits: collections.Counter[str] = collections.Counter()
     pages = {d.url_path: SitePage(body=render_html(d), delay_s=page_delay(d.url_path))
              for d in docs}  # fmt: skip
     sites = [LoopbackServer(make_site_app(pages, hits=hits), host=f"127.0.1.{n + 1}").start()
-             for n in range(HOSTS)]  # fmt: skip
-    search_docs, delays, hosts = [], {}, {}
+             for n in range(hosts)]  # fmt: skip
+    search_docs, delays, host_of = [], {}, {}
     for n, d in enumerate(docs):
-        url = sites[n % HOSTS].url + d.url_path
+        url = sites[n % hosts].url + d.url_path
         search_docs.append(SearchDoc(url, d.title, d.text))
         delays[d.url_path] = page_delay(d.url_path)
-        hosts[d.url_path] = n % HOSTS
+        host_of[d.url_path] = n % hosts
     search = LoopbackServer(make_searxng_app(search_docs)).start()
     model = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}{_backend_suffix()}.bin"))
     print(f"vectors computed ahead: {warm_vectors(docs, model)}", flush=True)  # noqa: T201
@@ -143,7 +146,7 @@ def start_web(docs: Sequence[QADoc]) -> LatencyWeb:
             latency_s=EMBED_LATENCY_S,
         )  # fmt: skip
     ).start()
-    return LatencyWeb(sites, search, embeddings, hits, delays, hosts)
+    return LatencyWeb(sites, search, embeddings, hits, delays, host_of)
 
 
 def host_bound(delays: Sequence[float], slots: int) -> float:
@@ -368,6 +371,12 @@ def main() -> None:
     parser.add_argument("--levers", action="store_true", help="also the lever rows")
     parser.add_argument("--lever-questions", type=int, default=2)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="loopback hosts the pages are spread over (default: one per page)",
+    )
     args = parser.parse_args()
     loaded = load_qa(data_dir() / "qa")
     if loaded is None:
@@ -376,7 +385,8 @@ def main() -> None:
     docs, questions = loaded
     seen = {q.id for qs in draw_samples(questions, [0, 1], 200).values() for q in qs}
     held_out = random.Random(22).sample([q for q in questions if q.id not in seen], args.questions)
-    web = start_web(docs)
+    hosts = args.hosts or len(docs)
+    web = start_web(docs, hosts)
     loads = [load()]
     results: list[tuple[Config, list[Run]]] = []
     try:
@@ -393,7 +403,8 @@ def main() -> None:
         f"Median of {args.questions} held-out questions per row (lever rows: "
         f"{args.lever_questions}), each job cold (`webctx research`, embedded default, new "
         f"data directory, the service started beforehand; the first call's columns: "
-        f"started by the command), token budget {TOKEN_BUDGET}; pages on {HOSTS} loopback hosts, "
+        f"started by the command), token budget {TOKEN_BUDGET}; pages on {hosts} loopback hosts "
+        f"({'one per page' if hosts == len(docs) else 'shared round-robin'}), "
         f"0.2-2 s each; embeddings endpoint {EMBED_LATENCY_S} s per request. Measured under "
         f"{loads[0]} at the start and {loads[-1]} at the end (the machine is shared: "
         "compare rows of this run, not absolute seconds). Stage seconds overlap.\n\n"
