@@ -56,8 +56,7 @@ from bench.qa_web import (  # noqa: E402
     MODEL,
     QAWeb,
     Question,
-    data_dir,
-    load_qa,
+    shared_qa,
     start_qa_web,
 )  # noqa: E402
 from bench.quality_baselines import (  # noqa: E402
@@ -397,9 +396,8 @@ def main() -> None:
                         help="also webctx on qdrant-edge, float32 and float16")  # fmt: skip
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    loaded = load_qa(data_dir() / "qa")
+    loaded = shared_qa()
     if loaded is None:
-        print(f"no QA data at {data_dir() / 'qa'}: nothing to measure")  # noqa: T201
         return
     docs, all_questions = loaded
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -57,9 +57,8 @@ from bench.qa_web import (  # noqa: E402
     Question,
     VectorCache,
     _backend_suffix,
-    data_dir,
-    load_qa,
     render_html,
+    shared_qa,
 )
 from bench.recall_scoring import hit  # noqa: E402
 from webctx.devweb.embeddings import make_embeddings_app  # noqa: E402
@@ -378,9 +377,8 @@ def main() -> None:
         help="loopback hosts the pages are spread over (default: one per page)",
     )
     args = parser.parse_args()
-    loaded = load_qa(data_dir() / "qa")
+    loaded = shared_qa()
     if loaded is None:
-        print(f"no QA data at {data_dir() / 'qa'}: nothing to measure")  # noqa: T201
         return
     docs, questions = loaded
     seen = {q.id for qs in draw_samples(questions, [0, 1], 200).values() for q in qs}

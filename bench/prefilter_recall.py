@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._report import write_section  # noqa: E402
 from bench.answer_recall import TOP_K, build_jobs, draw_samples  # noqa: E402
-from bench.qa_web import CachedMiniLM, data_dir, load_qa, start_qa_web  # noqa: E402
+from bench.qa_web import CachedMiniLM, shared_qa, start_qa_web  # noqa: E402
 from bench.recall_scoring import BUDGETS, Job, Tally, table  # noqa: E402
 from webctx.models import BundleStats  # noqa: E402
 from webctx.settings import ChunkSettings, PrefilterSettings  # noqa: E402
@@ -88,9 +88,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    loaded = load_qa(data_dir() / "qa")
+    loaded = shared_qa()
     if loaded is None:
-        print(f"no QA data at {data_dir() / 'qa'}: nothing to measure")  # noqa: T201
         return
     docs, questions = loaded
     samples = draw_samples(questions, [int(s) for s in args.seeds.split(",")], args.questions)

@@ -73,6 +73,15 @@ def load_qa(root: Path) -> tuple[list[QADoc], list[Question]] | None:
     return docs, questions
 
 
+def shared_qa() -> tuple[list[QADoc], list[Question]] | None:
+    """The shared QA web's docs and questions (`data_dir()`/qa), or None after saying on
+    stdout that there is nothing to measure without them."""
+    loaded = load_qa(data_dir() / "qa")
+    if loaded is None:
+        print(f"no QA data at {data_dir() / 'qa'}: nothing to measure")  # noqa: T201
+    return loaded
+
+
 def render_html(doc: QADoc) -> str:
     """A page as a site would serve it: navigation and footer around the article."""
     title = html.escape(doc.title)
@@ -204,8 +213,9 @@ def start_qa_web(docs: Sequence[QADoc]) -> QAWeb:
     search = LoopbackServer(make_searxng_app(search_docs)).start()
     embedder = CachedMiniLM(VectorCache(OUT / f"qa-vectors-{MODEL}{_backend_suffix()}.bin"))
     embeddings = LoopbackServer(
-        make_embeddings_app(lambda texts: embedder.embed(texts).vectors, model=MODEL, rpm=None,
-                            tpm=None)  # fmt: skip
+        make_embeddings_app(
+            lambda texts: embedder.embed(texts).vectors, model=MODEL, rpm=None, tpm=None
+        )  # fmt: skip
     ).start()
     served = {site.url + p: m for p, m in markup.items()}
     return QAWeb(

@@ -8,10 +8,28 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _loaded_after(modules: list[str], heavy: tuple[str, ...]) -> list[str]:
+    """Which of `heavy` a new interpreter has loaded after importing `modules`."""
+    script = (
+        f"import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n"
+    )
+    return _run(script)
+
+
+def _run(script: str) -> Any:
+    """The JSON a script prints last, run in a new interpreter."""
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize(
@@ -23,15 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ],
 )
 def test_starting_a_process_loads_no_openai_client(modules: list[str]) -> None:
-    script = (
-        f"import importlib, json, sys\n"
-        f"for m in {modules!r}: importlib.import_module(m)\n"
-        f"print(json.dumps(sorted(m for m in ('openai', 'torch', 'onnxruntime') "
-        f"if m in sys.modules)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=True)  # fmt: skip
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    assert _loaded_after(modules, ("openai", "torch", "onnxruntime")) == []
 
 
 def test_the_openai_embedder_still_reaches_its_endpoint_lazily() -> None:
@@ -51,15 +61,7 @@ def test_the_research_command_loads_no_web_framework_numpy_or_live_display() -> 
     only): every question's CLI call pays their ~60-90 ms each before the job starts."""
     modules = ["webctx.cli.main", "webctx.cli.app", "webctx.api.runtime",
                "webctx.workers.pipeline", "webctx.cli.progress"]  # fmt: skip
-    script = (
-        f"import importlib, json, sys\n"
-        f"for m in {modules!r}: importlib.import_module(m)\n"
-        f"heavy = ('fastapi', 'webctx.api.deps', 'numpy', 'rich.live')\n"
-        f"print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=True)  # fmt: skip
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    assert _loaded_after(modules, ("fastapi", "webctx.api.deps", "numpy", "rich.live")) == []
 
 
 def test_building_the_openai_embedder_loads_its_client_only_when_warmed() -> None:
@@ -75,6 +77,4 @@ def test_building_the_openai_embedder_loads_its_client_only_when_warmed() -> Non
         "print(json.dumps([built, 'openai' in sys.modules]))\n"
         "e.close()\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=True)  # fmt: skip
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, True]
+    assert _run(script) == [False, True]

@@ -125,6 +125,14 @@ def _embed_chunks(
     )
 
 
+def _count(stats: BundleStats, outcome: CachedEmbedOutcome) -> None:
+    """Add what an embedding call cost (and saved) to the bundle's stats."""
+    stats.embed_requests += outcome.requests
+    stats.tokens_embedded += outcome.tokens
+    stats.cache_hits += outcome.cache_hits
+    stats.tokens_saved += outcome.tokens_saved
+
+
 def candidate_limit(top_k: int, pages: int) -> int:
     """How many nearest chunks to pull before fusion, de-duplication and packing: enough
     to hold every chunk of ordinary pages, as BM25 is computed over the candidates."""
@@ -149,10 +157,7 @@ def retrieve_candidates(
     needs), fuse cosine and BM25 ranks."""
     if question_vector is None:
         outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
-        stats.embed_requests += outcome.requests
-        stats.tokens_embedded += outcome.tokens
-        stats.cache_hits += outcome.cache_hits
-        stats.tokens_saved += outcome.tokens_saved
+        _count(stats, outcome)
         question_vector = outcome.vectors[0]
     found = store.search(
         question_vector,
@@ -245,10 +250,7 @@ def prefilter_candidates(
     if question_vector is None:
         texts.insert(0, question)
     outcome = _embed_chunks(texts, embedder, embedding, cache, limiter)
-    stats.embed_requests += outcome.requests
-    stats.tokens_embedded += outcome.tokens
-    stats.cache_hits += outcome.cache_hits
-    stats.tokens_saved += outcome.tokens_saved
+    _count(stats, outcome)
     stats.chunks = len(chunks)
     stats.embedded_at_rank = len(texts) - outcome.cache_hits
     vectors = outcome.vectors
