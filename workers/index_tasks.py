@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import Task
+
 from webctx.errors import ConfigError
 from webctx.index.refresh import IndexContext, optimize_if_due, refresh_source, sweep
 from webctx.index.search import search_index
@@ -58,9 +60,16 @@ def tick() -> int:
     return len(due)
 
 
-@app.task(name="webctx.index.refresh")
-def refresh(tenant: str, source_id: str, run_id: str | None = None) -> str:
-    """Re-index one source (skipped while another run of it holds the lock)."""
+RUN_WAIT_S = 1.0
+"""How often a manual run's refresh looks again at a source another run holds."""
+
+
+@app.task(name="webctx.index.refresh", bind=True)
+def refresh(self: Task, tenant: str, source_id: str, run_id: str | None = None) -> str:
+    """Re-index one source. While another run of it holds the lock, a scheduled refresh
+    is skipped; a manual run's (`run_id`) comes back every `RUN_WAIT_S` until the lock is
+    free and then refreshes, so the run reports done only once the source is indexed as of
+    the caller's request (up to the task time limit, then it reports the source busy)."""
     deps = worker_deps()
     stores = deps.stores
     source = stores.sources.get(tenant, source_id)
@@ -76,6 +85,8 @@ def refresh(tenant: str, source_id: str, run_id: str | None = None) -> str:
                     optimize_if_due(ctx.store)
             finally:
                 stores.runs.unlock(tenant, source_id)
+        elif run_id and self.request.retries * RUN_WAIT_S < ttl_s:
+            raise self.retry(countdown=RUN_WAIT_S, max_retries=None)
         else:
             report = {"error": "another run of this source is in progress"}
     if run_id:

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import redis
 from mcp import Client, StdioServerParameters
 
 from tests.conftest import (
@@ -30,6 +31,7 @@ from tests.conftest import (
 from tests.integration.conftest import ApiProcess
 from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
+from webctx.workers.service_client import running_service
 
 QUESTION = "how do lithium-ion batteries degrade?"
 ARGS = {"question": QUESTION, "max_sources": 6, "top_k": 5, "token_budget": 800, "wait_s": 110}
@@ -185,6 +187,41 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_refresh_waited_on_waits_for_a_run_in_progress_and_then_indexes(
+    test_web: LoopbackWeb, data_dir: Path
+) -> None:
+    # Beat's run of a source added a moment ago can hold it when a caller asks for a run:
+    # the caller's --wait must end with the page indexed, not with the other run busy.
+    env = _env(test_web)
+    page = test_web.site.url + PAGE
+    added = run_cli(env, "sources", "add", page, "--tenant", "alpha")
+    assert added.returncode == 0, added.stderr[-3000:]
+    source_id = added.stdout.strip()
+    service = running_service(data_dir)
+    assert service is not None
+    state = redis.Redis.from_url(service.state_url)
+    lock = f"webctx:index:lock:alpha:{source_id}"
+    assert state.set(lock, "scheduled", nx=True, ex=60)  # as beat's run would hold it
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "webctx.cli", "sources", "refresh", "--wait", "--timeout", "60",
+         "--tenant", "alpha"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(3.0)
+        assert waiting.poll() is None, waiting.communicate()  # still waiting for the lock
+        state.delete(lock)  # the other run ends
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+        state.close()
+    assert waiting.returncode == 0, err[-3000:]
+    assert "in progress" not in out, out
+    found = run_cli(env, "search", "SEI growth", "--format", "json", "--tenant", "alpha")
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert page in {hit["url"] for hit in json.loads(found.stdout)}
 
 
 @pytest.mark.slow
