@@ -199,8 +199,11 @@ def build_fetcher(settings: Settings, *, state: redis.Redis | None = None) -> Co
     from webctx.net.politeness import Politeness
 
     policy = address_policy(settings)
-    politeness = Politeness.from_settings(settings.fetch, shared=state)
-    return HttpxFetcher(settings.fetch, policy=policy, politeness=politeness)
+    # One download per worker thread at most (each fetch task holds one): all in flight.
+    wide = max(settings.fetch.concurrency, settings.worker_concurrency)
+    fetch = settings.fetch.model_copy(update={"concurrency": wide})
+    politeness = Politeness.from_settings(fetch, shared=state)
+    return HttpxFetcher(fetch, policy=policy, politeness=politeness)
 
 
 def build_renderer(settings: Settings) -> Renderer | None:
