@@ -5,11 +5,14 @@ and waiting.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import anyio
 import anyio.to_thread
+import redis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -66,6 +69,24 @@ def get_caller(runtime: RuntimeDep, bearer: BearerDep) -> Caller:
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
+WAITERS = 64
+"""Threads (and state-store connections) that wait on finished signals at once, apart
+from anyio's default threads: more waiting calls take turns, one interval each, and the
+threads every other request runs on are never all waiting."""
+_waiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _waiter_slots() -> anyio.CapacityLimiter:
+    """The running event loop's waiter slots (a limiter belongs to one loop)."""
+    loop = asyncio.get_running_loop()
+    slots = _waiters.get(loop)
+    if slots is None:
+        slots = _waiters[loop] = anyio.CapacityLimiter(WAITERS)
+    return slots
+
+
 async def wait_for_finish(
     runtime: Runtime,
     job_id: str,
@@ -74,7 +95,9 @@ async def wait_for_finish(
     on_progress: Callable[[JobProgress], Awaitable[None]] | None = None,
     interval_s: float = 0.2,
 ) -> JobProgress:
-    """Poll the job until it finishes or `timeout_s` passes; returns the last snapshot."""
+    """Follow the job until it finishes or `timeout_s` passes; returns the last snapshot.
+    Between two looks (progress every `interval_s`) it waits on the job's finished
+    signal, so the answer leaves as soon as the job ends, not at the next look."""
     last: JobProgress | None = None
     with anyio.move_on_after(timeout_s):
         while True:
@@ -85,5 +108,16 @@ async def wait_for_finish(
             last = progress
             if progress.finished:
                 return progress
-            await anyio.sleep(interval_s)
+            await _pause(runtime, job_id, interval_s)
     return await anyio.to_thread.run_sync(runtime.jobs.progress, job_id)
+
+
+async def _pause(runtime: Runtime, job_id: str, seconds: float) -> None:
+    """Up to `seconds`, ended early by the job's finished signal (a plain sleep while the
+    state store is down: the next look rides that out)."""
+    try:
+        await anyio.to_thread.run_sync(
+            runtime.jobs.wait_finished, job_id, seconds, limiter=_waiter_slots()
+        )
+    except redis.RedisError:
+        await anyio.sleep(seconds)

@@ -7,7 +7,9 @@ import io
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
+import anyio
 import redis
 
 from webctx.cli.jobs import _until_finished
@@ -63,3 +65,21 @@ def test_the_cli_returns_when_the_job_finishes_not_at_its_next_poll(
                             interval_s=30.0, pause=_until_finished(jobs, job))  # fmt: skip
     assert progress.status is JobStatus.SUCCEEDED
     assert time.monotonic() - started < 10.0  # a 30 s poll interval was not waited out
+
+
+def test_an_api_or_mcp_call_answers_when_the_job_finishes_not_at_its_next_look(
+    redis_client: redis.Redis,
+) -> None:
+    from webctx.api.deps import wait_for_finish
+
+    jobs = JobStore(redis_client, ttl_s=60)
+    job = jobs.create(JobRequest(question="q"))
+    # What wait_for_finish uses of a runtime: its job store and its keep-the-service hook.
+    runtime = SimpleNamespace(jobs=jobs, keep_service=lambda: None)
+    _finish_later(jobs, job, 0.3)
+    started = time.monotonic()
+    progress = anyio.run(
+        lambda: wait_for_finish(runtime, job, timeout_s=60.0, interval_s=30.0)  # type: ignore[arg-type]
+    )
+    assert progress.status is JobStatus.SUCCEEDED
+    assert time.monotonic() - started < 10.0  # woken by the finish, not the 30 s interval
