@@ -91,9 +91,17 @@ def fuse_lexical(
     candidates. Dense retrieval alone misses exact names and numbers the question spells
     out; BM25 alone misses paraphrase (bench/answer_recall.py).
     """
+    fused = fused_scores(question, candidates, k=k)
+    return [c.model_copy(update={"score": fused[i]}) for i, c in enumerate(candidates)]
+
+
+def fused_scores(
+    question: str, candidates: Sequence[ScoredChunk], *, k: int = RRF_K
+) -> list[float]:
+    """`fuse_lexical`'s scores, in the candidates' order."""
     lexical = bm25_scores(question, [c.chunk.text for c in candidates])
     fused = rrf([ranks_by_score([c.score for c in candidates]), ranks_by_score(lexical)], k=k)
-    return [c.model_copy(update={"score": fused[i]}) for i, c in enumerate(candidates)]
+    return [fused[i] for i in range(len(candidates))]
 
 
 VectorLookup = Callable[[Sequence[ScoredChunk]], Sequence[Sequence[float]]]
