@@ -11,11 +11,14 @@ vectors of all-MiniLM-L6-v2 from the bench/out/ cache) answering each request af
 
 Each job is `webctx research` on the embedded default, cold (a new data directory: no
 page, search or embedding cache), timed from the command's start (CLI wall) and by the
-bundle (job time, stages). Each question runs twice, each time in a new data directory:
-once with the local service started beforehand (`webctx service start`, then its worker
-ready; the job time, stages and first CLI wall come from this run), and once as the
-first call, which starts the service itself (its CLI wall and job time in the "first
-call" columns). Paths: the API (OPENAI_BASE_URL set) and the local model (nothing set:
+bundle (job time, stages). Each question runs three times, each time in a new data
+directory: once with the local service started beforehand (`webctx service start`, then
+its worker ready; the job time, stages and first CLI wall come from this run), once as
+the first call, which starts the service itself (its CLI wall and job time in the "first
+call" columns), and once through the HTTP API as an agent's client would call it (`webctx
+api` and its service started beforehand, then one `POST /v1/context`, timed from the
+request to the bundle: the "HTTP API" columns, without the CLI's interpreter and imports).
+Paths: the API (OPENAI_BASE_URL set) and the local model (nothing set:
 all-MiniLM-L6-v2 in process on ONNX Runtime). The critical path of a job is its slowest
 page, plus one embeddings round trip on the API path; the per-host bound is the same
 with each host's pages on its `WEBCTX_FETCH__PER_HOST_CONCURRENCY` (2) connections, in
@@ -35,6 +38,7 @@ import itertools
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -210,6 +214,8 @@ class Run:
     hit: bool
     first_wall: float = 0.0
     first_job: float = 0.0
+    http_wall: float = 0.0
+    http_job: float = 0.0
     ahead: int = 0
     at_rank: int = 0
 
@@ -259,6 +265,49 @@ def start_service(env: dict[str, str], data: Path, *, timeout_s: float = 60.0) -
         busy = now
 
 
+def run_http(question: Question, sources: int, env: dict[str, str], data: Path,
+             *, timeout_s: float = 60.0) -> tuple[float, float]:  # fmt: skip
+    """The same job through the HTTP API, as an agent's client calls it: `webctx api`
+    started beforehand (with its local service ready and one request served), then one
+    `POST /v1/context`, timed from the request to the bundle; (wall, job time)."""
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server_env = {**env, "WEBCTX_API_AUTH": "disabled"}
+    cmd = [sys.executable, "-m", "webctx.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
+    with (data.parent / f"{data.name}-api.log").open("wb") as log:
+        server = subprocess.Popen(cmd, env=server_env, cwd=ROOT, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=base, timeout=timeout_s + 30) as client:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("webctx api did not start")
+                time.sleep(0.05)
+            start_service(server_env, data)
+            client.get("/v1/jobs/0")  # one request served: the app's routes are warm
+            body = {"question": question.question, "max_sources": sources, "top_k": 200,
+                    "token_budget": TOKEN_BUDGET, "timeout_s": timeout_s}  # fmt: skip
+            started = time.perf_counter()
+            answer = client.post("/v1/context", json=body)
+            wall = time.perf_counter() - started
+        if answer.status_code != 200:
+            raise SystemExit(f"POST /v1/context: {answer.status_code} {answer.text[:2000]}")
+        bundle = Bundle.model_validate_json(answer.content)
+        return wall, bundle.stats.elapsed_s or 0.0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds a process has used (user + system)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -301,12 +350,19 @@ def measure(web: LatencyWeb, questions: Sequence[Question], config: Config, tmp:
         finally:
             _stop_service(first_data)
         run.first_wall, run.first_job = first.wall, first.job
+        http_data = tmp / f"{abs(hash(config))}-{n}-http"
+        env = _env(web, api=config.api, data=http_data, extra=dict(config.extra))
+        try:
+            run.http_wall, run.http_job = run_http(question, config.sources, env, http_data)
+        finally:
+            _stop_service(http_data)
         runs.append(run)
         print(f"  {config.name} q{n}: wall {run.wall:.2f} job {run.job:.2f} critical "  # noqa: T201
               f"{run.critical:.2f} per-host bound {run.bound:.2f} "
               f"rank {run.stages.get('rank', 0):.2f} ahead {run.ahead} at rank {run.at_rank}; "
               f"first call: wall "
-              f"{run.first_wall:.2f} job {run.first_job:.2f}", flush=True)  # fmt: skip
+              f"{run.first_wall:.2f} job {run.first_job:.2f}; HTTP API: wall "
+              f"{run.http_wall:.2f} job {run.http_job:.2f}", flush=True)  # fmt: skip
     return runs
 
 
@@ -324,11 +380,13 @@ def row(config: Config, runs: Sequence[Run]) -> str:
     ratio = med([r.job / r.critical for r in runs])
     bound = med([r.bound for r in runs])
     first_wall, first_job = med([r.first_wall for r in runs]), med([r.first_job for r in runs])
+    http_wall = med([r.http_wall for r in runs])
     stages = " | ".join(f"{med([r.stages.get(s, 0.0) for r in runs]):.2f}" for s in STAGES)
     return (
         f"| {config.name} | {config.sources} | {critical:.2f} | {bound:.2f} | {job:.2f} | "
         f"{ratio:.2f} | {med([r.job / r.bound for r in runs]):.2f} | {wall:.2f} | "
-        f"{wall - critical:+.2f} | {first_wall:.2f} | {first_job:.2f} | "
+        f"{wall - critical:+.2f} | {http_wall:.2f} | {http_wall - critical:+.2f} | "
+        f"{med([r.http_job for r in runs]):.2f} | {first_wall:.2f} | {first_job:.2f} | "
         f"{stages} | {med([r.chunks for r in runs]):.0f} | "
         f"{med([r.tokens for r in runs]):,.0f} | {med([r.requests for r in runs]):.0f} | "
         f"{med([r.ahead for r in runs]):.0f} / {med([r.at_rank for r in runs]):.0f} | "
@@ -338,9 +396,10 @@ def row(config: Config, runs: Sequence[Run]) -> str:
 
 HEADER = (
     "| path | sources | critical path s | per-host bound s | job s | job / critical "
-    "| job / bound | CLI wall s | wall - critical | first call: CLI wall s | first call: job s "
+    "| job / bound | CLI wall s | wall - critical | HTTP API wall s | HTTP wall - critical "
+    "| HTTP API: job s | first call: CLI wall s | first call: job s "
     "| plan | search | fetch | embed | store | rank | chunks | tokens embedded | embed requests "
-    "| chunks embedded ahead / at rank | answer in bundle |\n" + "|---" * 22 + "|"
+    "| chunks embedded ahead / at rank | answer in bundle |\n" + "|---" * 25 + "|"
 )
 MAIN = [
     Config("API", True, 8), Config("API", True, 20),
@@ -401,7 +460,8 @@ def main() -> None:
         f"Median of {args.questions} held-out questions per row (lever rows: "
         f"{args.lever_questions}), each job cold (`webctx research`, embedded default, new "
         f"data directory, the service started beforehand; the first call's columns: "
-        f"started by the command), token budget {TOKEN_BUDGET}; pages on {hosts} loopback hosts "
+        f"started by the command; the HTTP API's: one `POST /v1/context` to a `webctx api` "
+        f"started beforehand), token budget {TOKEN_BUDGET}; pages on {hosts} loopback hosts "
         f"({'one per page' if hosts == len(docs) else 'shared round-robin'}), "
         f"0.2-2 s each; embeddings endpoint {EMBED_LATENCY_S} s per request. Measured under "
         f"{loads[0]} at the start and {loads[-1]} at the end (the machine is shared: "
