@@ -93,3 +93,15 @@ def test_every_chunk_of_the_job_is_a_candidate_for_bm25() -> None:
     assert len(candidates) == indexed
     ranked = rank_chunks(candidates, top_k=5, token_budget=10_000)
     assert len(ranked) == 5
+
+
+def test_candidates_cite_this_jobs_url_for_text_another_job_stored() -> None:
+    # The store keeps whichever URL wrote a content hash last; this job fetched it elsewhere.
+    stored = make_page(url="https://first-job.example/a", text=_article("glacier"))
+    embedder, store = _indexed([stored])
+    ours = stored.model_copy(update={"url": "https://this-job.example/a"})
+    candidates = retrieve_candidates(
+        question="glacier", pages={ours.content_sha256: ours}, stats=BundleStats(),
+        embedder=embedder, store=store, top_k=5, embedding=EmbedSettings(),
+    )  # fmt: skip
+    assert candidates and {c.url for c in candidates} == {"https://this-job.example/a"}

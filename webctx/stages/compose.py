@@ -15,7 +15,7 @@ from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page
 from webctx.stages.embed import CachedEmbedOutcome, embed_texts, embed_with_cache
 from webctx.stages.prefilter import select_candidates
-from webctx.stages.rank import RRF_K, fused_scores, rank_chunks, ranks_by_score, rrf
+from webctx.stages.rank import RRF_K, fuse_lexical, rank_chunks, ranks_by_score, rrf
 from webctx.stages.store import make_points, store_chunks, vector_lookup
 
 
@@ -166,12 +166,8 @@ def retrieve_candidates(
         with_vectors=False,  # rank_chunks looks up the few it needs (`vector_lookup`)
     )
     kept = [c for c in found if c.chunk.content_sha256 in pages]
-    fused = fused_scores(question, kept)  # fuse_lexical's scores, with one copy a candidate
     # A point's stored url is whichever job wrote it last; cite this job's URL.
-    return [
-        c.model_copy(update={"url": pages[c.chunk.content_sha256].url, "score": fused[i]})
-        for i, c in enumerate(kept)
-    ]  # no re-validation
+    return fuse_lexical(question, kept, urls={sha: p.url for sha, p in pages.items()})
 
 
 def answer_question(

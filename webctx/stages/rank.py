@@ -83,25 +83,29 @@ def ranks_by_score(scores: Sequence[float]) -> dict[int, int]:
 
 
 def fuse_lexical(
-    question: str, candidates: Sequence[ScoredChunk], *, k: int = RRF_K
+    question: str,
+    candidates: Sequence[ScoredChunk],
+    *,
+    k: int = RRF_K,
+    urls: Mapping[str, str] | None = None,
 ) -> list[ScoredChunk]:
-    """Candidates re-scored by reciprocal rank fusion of their cosine and the question's BM25.
+    """Candidates re-scored by reciprocal rank fusion of their cosine and the question's BM25;
+    with `urls` (content hash -> URL), each also cites its page's URL there (in the same
+    copy: rank copies thousands of candidates).
 
     BM25 is computed over the candidates themselves, so the job's chunks should all be
     candidates. Dense retrieval alone misses exact names and numbers the question spells
     out; BM25 alone misses paraphrase (bench/answer_recall.py).
     """
-    fused = fused_scores(question, candidates, k=k)
-    return [c.model_copy(update={"score": fused[i]}) for i, c in enumerate(candidates)]
-
-
-def fused_scores(
-    question: str, candidates: Sequence[ScoredChunk], *, k: int = RRF_K
-) -> list[float]:
-    """`fuse_lexical`'s scores, in the candidates' order."""
     lexical = bm25_scores(question, [c.chunk.text for c in candidates])
     fused = rrf([ranks_by_score([c.score for c in candidates]), ranks_by_score(lexical)], k=k)
-    return [fused[i] for i in range(len(candidates))]
+    out = []
+    for i, c in enumerate(candidates):
+        update: dict[str, object] = {"score": fused[i]}
+        if urls is not None:
+            update["url"] = urls[c.chunk.content_sha256]
+        out.append(c.model_copy(update=update))  # no re-validation
+    return out
 
 
 VectorLookup = Callable[[Sequence[ScoredChunk]], Sequence[Sequence[float]]]
