@@ -1,5 +1,5 @@
-"""What the HTTP API and the MCP server share: the runtime, callers, submission (from
-`webctx.api.runtime`, which the CLI imports without FastAPI), the request dependencies,
+"""What the HTTP API and the MCP server share besides `webctx.api.runtime` (the runtime,
+callers and submission, which the CLI imports without FastAPI): the request dependencies,
 and waiting.
 """
 
@@ -16,28 +16,8 @@ import redis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from webctx.api.runtime import (
-    Caller,
-    Runtime,
-    authenticate,
-    check_auth_setting,
-    is_loopback,
-    open_runtime,
-    owned_progress,
-    submit,
-)
+from webctx.api.runtime import Caller, Runtime, authenticate
 from webctx.jobs.store import JobProgress
-
-__all__ = [
-    "Caller",
-    "Runtime",
-    "authenticate",
-    "check_auth_setting",
-    "is_loopback",
-    "open_runtime",
-    "owned_progress",
-    "submit",
-]
 
 
 def get_runtime(request: Request) -> Runtime:

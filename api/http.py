@@ -25,13 +25,9 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from webctx.api.deps import (
-    Runtime,
-    check_auth_setting,
-    open_runtime,
-)
 from webctx.api.docs import DocsPolicy
 from webctx.api.limits import BodyLimit
+from webctx.api.runtime import Runtime, check_auth_setting, open_runtime
 from webctx.errors import (
     ConfigError,
     Conflict,
@@ -121,7 +117,7 @@ class McpAuth:
         self.fastapi_app = fastapi_app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from webctx.api.deps import authenticate
+        from webctx.api.runtime import authenticate
 
         if scope["type"] == "http":
             runtime: Runtime = self.fastapi_app.state.runtime

@@ -22,7 +22,8 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from webctx import __version__
-from webctx.api.deps import Caller, Runtime, owned_progress, submit, wait_for_finish
+from webctx.api.deps import wait_for_finish
+from webctx.api.runtime import Caller, Runtime, owned_progress, submit
 from webctx.errors import JobNotFound, WebctxError
 from webctx.index.search import IndexHit
 from webctx.jobs.store import JobProgress

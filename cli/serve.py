@@ -92,8 +92,8 @@ def mcp(
     if http:
         api(host=host, port=port)
         return
-    from webctx.api.deps import open_runtime
     from webctx.api.mcp import run_stdio
+    from webctx.api.runtime import open_runtime
 
     settings = get_settings()
     try:

@@ -10,9 +10,10 @@ import anyio.to_thread
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from webctx.api.deps import CallerDep, Runtime, RuntimeDep
+from webctx.api.deps import CallerDep, RuntimeDep
 from webctx.api.limits import check_request_limits
 from webctx.api.routes.jobs import ERRORS
+from webctx.api.runtime import Runtime
 from webctx.errors import BatchNotFound, InvalidBatch, InvalidRequest
 from webctx.jobs.batch_items import BatchItem, json_list_lines, parse_items
 from webctx.jobs.batches import BatchStatus, BatchStore

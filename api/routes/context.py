@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from webctx.api.deps import CallerDep, RuntimeDep, submit, wait_for_finish
+from webctx.api.deps import CallerDep, RuntimeDep, wait_for_finish
 from webctx.api.routes.jobs import (
     ERRORS,
     JobOut,
@@ -19,6 +19,7 @@ from webctx.api.routes.jobs import (
     job_out,
     markdown_response,
 )
+from webctx.api.runtime import submit
 from webctx.errors import Conflict
 from webctx.models import Bundle
 

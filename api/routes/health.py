@@ -12,7 +12,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from webctx.api.deps import Runtime, RuntimeDep
+from webctx.api.deps import RuntimeDep
+from webctx.api.runtime import Runtime
 
 router = APIRouter(tags=["health"])
 

@@ -13,13 +13,8 @@ from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
-from webctx.api.deps import (
-    CallerDep,
-    Runtime,
-    RuntimeDep,
-    owned_progress,
-    submit,
-)
+from webctx.api.deps import CallerDep, RuntimeDep
+from webctx.api.runtime import Runtime, owned_progress, submit
 from webctx.errors import Conflict, JobNotFound
 from webctx.jobs.fanin import failure_bundle
 from webctx.jobs.store import JobProgress

@@ -293,8 +293,8 @@ def anyio_backend() -> str:
 @contextlib.contextmanager
 def index_mcp_server(r: redis.Redis, site: FakeSite, tmp_path: Path, html: str) -> Iterator[Any]:
     """The MCP server over the tenant's index, with `html` indexed at /a.html."""
-    from webctx.api.deps import Runtime
     from webctx.api.mcp import build_mcp
+    from webctx.api.runtime import Runtime
     from webctx.settings import Settings
     from webctx.workers.app import set_deps
     from webctx.workers.deps import Deps, build_engine, stores_on
@@ -344,9 +344,7 @@ async def test_mcp_search_index_site_takes_a_domain_or_the_display_name(
     with index_mcp_server(r, site, tmp_path, named) as server:
         async with Client(server) as client:
             for value in ("site.test", "SITE.test", "Narwhal Weekly", "other.test", "site"):
-                result = await client.call_tool(
-                    "search_index", {"query": "narwhal", "site": value}
-                )
+                result = await client.call_tool("search_index", {"query": "narwhal", "site": value})
                 assert not result.is_error, result.content
                 found[value] = len(result.structured_content["hits"])  # type: ignore[index]
             tools = {t.name: t for t in (await client.list_tools()).tools}

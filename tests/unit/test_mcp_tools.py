@@ -19,8 +19,8 @@ from mcp import Client
 from tests.conftest import redis_url
 from tests.factories import make_page
 from webctx import __version__
-from webctx.api.deps import Runtime
 from webctx.api.mcp import build_mcp
+from webctx.api.runtime import Runtime
 from webctx.models import Bundle, BundleChunk, BundleSource, JobRequest, JobStatus
 from webctx.settings import Settings
 from webctx.workers.deps import stores_on

@@ -13,9 +13,9 @@ import typer.main
 from mcp import Client
 
 from tests.conftest import clean_env, redis_url, run_cli
-from webctx.api.deps import Runtime
 from webctx.api.http import create_app
 from webctx.api.mcp import build_mcp
+from webctx.api.runtime import Runtime
 from webctx.cli.app import cli
 from webctx.jobs.batch_items import parse_item
 from webctx.models import JobRequest
