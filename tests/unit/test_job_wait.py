@@ -6,10 +6,12 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import anyio
+import pytest
 import redis
 
 from webctx.cli.jobs import _until_finished
@@ -17,17 +19,32 @@ from webctx.cli.progress import wait_for_job
 from webctx.jobs.store import JobStore
 from webctx.models import JobRequest, JobStatus
 
-
-def _finish_later(jobs: JobStore, job_id: str, after_s: float) -> threading.Timer:
-    timer = threading.Timer(after_s, jobs.set_status, args=(job_id, JobStatus.SUCCEEDED))
-    timer.start()
-    return timer
+FinishLater = Callable[[JobStore, str, float], None]
 
 
-def test_a_waiter_wakes_when_the_job_finishes(redis_client: redis.Redis) -> None:
+@pytest.fixture
+def finish_later() -> Iterator[FinishLater]:
+    """Set a job's status to succeeded after a delay, from another thread; joined before
+    the test's Redis client closes (a waiter can wake while that thread still reads the
+    transaction's reply)."""
+    timers: list[threading.Timer] = []
+
+    def later(jobs: JobStore, job_id: str, after_s: float) -> None:
+        timer = threading.Timer(after_s, jobs.set_status, args=(job_id, JobStatus.SUCCEEDED))
+        timer.start()
+        timers.append(timer)
+
+    yield later
+    for timer in timers:
+        timer.join(timeout=10)
+
+
+def test_a_waiter_wakes_when_the_job_finishes(
+    redis_client: redis.Redis, finish_later: FinishLater
+) -> None:
     jobs = JobStore(redis_client, ttl_s=60)
     job = jobs.create(JobRequest(question="q"))
-    _finish_later(jobs, job, 0.2)
+    finish_later(jobs, job, 0.2)
     started = time.monotonic()
     assert jobs.wait_finished(job, 20.0) is True
     assert time.monotonic() - started < 5.0  # woken by the finish, not the 20 s timeout
@@ -35,12 +52,13 @@ def test_a_waiter_wakes_when_the_job_finishes(redis_client: redis.Redis) -> None
 
 def test_every_waiter_of_a_job_wakes_and_a_late_one_returns_at_once(
     redis_client: redis.Redis,
+    finish_later: FinishLater,
 ) -> None:
     jobs = JobStore(redis_client, ttl_s=60)
     job = jobs.create(JobRequest(question="q"))
     with ThreadPoolExecutor(3) as pool:
         waiters = [pool.submit(jobs.wait_finished, job, 20.0) for _ in range(3)]
-        _finish_later(jobs, job, 0.2)
+        finish_later(jobs, job, 0.2)
         assert [w.result(timeout=10) for w in waiters] == [True, True, True]
     started = time.monotonic()
     assert jobs.wait_finished(job, 20.0) is True
@@ -56,10 +74,11 @@ def test_waiting_on_a_running_job_ends_at_the_timeout(redis_client: redis.Redis)
 
 def test_the_cli_returns_when_the_job_finishes_not_at_its_next_poll(
     redis_client: redis.Redis,
+    finish_later: FinishLater,
 ) -> None:
     jobs = JobStore(redis_client, ttl_s=60)
     job = jobs.create(JobRequest(question="q"))
-    _finish_later(jobs, job, 0.3)
+    finish_later(jobs, job, 0.3)
     started = time.monotonic()
     progress = wait_for_job(lambda: jobs.progress(job), timeout_s=60, stream=io.StringIO(),
                             interval_s=30.0, pause=_until_finished(jobs, job))  # fmt: skip
@@ -69,6 +88,7 @@ def test_the_cli_returns_when_the_job_finishes_not_at_its_next_poll(
 
 def test_an_api_or_mcp_call_answers_when_the_job_finishes_not_at_its_next_look(
     redis_client: redis.Redis,
+    finish_later: FinishLater,
 ) -> None:
     from webctx.api.deps import wait_for_finish
 
@@ -76,7 +96,7 @@ def test_an_api_or_mcp_call_answers_when_the_job_finishes_not_at_its_next_look(
     job = jobs.create(JobRequest(question="q"))
     # What wait_for_finish uses of a runtime: its job store and its keep-the-service hook.
     runtime = SimpleNamespace(jobs=jobs, keep_service=lambda: None)
-    _finish_later(jobs, job, 0.3)
+    finish_later(jobs, job, 0.3)
     started = time.monotonic()
     progress = anyio.run(
         lambda: wait_for_finish(runtime, job, timeout_s=60.0, interval_s=30.0)  # type: ignore[arg-type]

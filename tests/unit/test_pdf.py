@@ -118,10 +118,13 @@ def test_broken_cross_reference_table_is_repaired(reader: SandboxedPdfReader) ->
 
 
 def test_pdf_over_the_wall_deadline_is_killed_as_timeout() -> None:
-    slow = SandboxedPdfReader(PdfLimits(timeout_s=0.01))
+    # A file that takes seconds of parser CPU under a deadline of half a second, and a CPU
+    # limit it cannot reach first: only the wall deadline can end it. (A quick file under a
+    # tiny deadline raced the parent's own scheduling on a loaded machine.)
+    slow = SandboxedPdfReader(PdfLimits(cpu_s=60, timeout_s=0.5))
     started = time.monotonic()
-    with pytest.raises(UnreadablePdf) as info:
-        slow.read(pdfgen.many_pages_pdf(200), url="https://example.org/slow.pdf")
+    with pytest.raises(UnreadablePdf, match="not read within") as info:
+        slow.read(pdfgen.busy_pdf(40, 100_000), url="https://example.org/slow.pdf")
     assert info.value.reason == "timeout"
     assert time.monotonic() - started < 6.0
     # The reader stays usable after a kill.
