@@ -1,10 +1,10 @@
-"""The local model side by side: torch vs ONNX Runtime fp32 vs ONNX Runtime int8.
+"""The local model side by side: torch vs ONNX Runtime fp32 and int8 vs OpenVINO bf16.
 
 Real chunks: the QA pages (shared/data/qa) cut by `chunk_page` with the default
 ChunkSettings (64 cl100k tokens, no overlap), pages shuffled with a fixed seed, the first
 `--chunks`. Each backend runs in a process of its own (so its RSS is its own: the ONNX
 processes never import torch once the export is cached); the parent asks them in turn,
-round after round, to embed the same chunks, so the machine's load falls on all three
+round after round, to embed the same chunks, so the machine's load falls on all of them
 alike. Reported per backend: chunks/s (wall, best round), CPU seconds per 1,000 chunks
 (the process's user+sys time, less sensitive to other load than wall time), RSS after
 the runs and its peak, and parity with torch: cosine of each chunk's two vectors, and
@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 from bench._report import write_section  # noqa: E402
 from bench.qa_web import data_dir  # noqa: E402
 
-BACKENDS = ("torch", "onnx", "onnx-int8")
+BACKENDS = ("torch", "onnx", "onnx-int8", "openvino-bf16")
 JOB_CHUNKS = 2024  # an 8-source job in issue #22: 2,024 chunks, 96k tokens
 
 
@@ -140,7 +140,7 @@ def run(chunks: list[str], rounds: int, cache_dir: str | None) -> dict[str, dict
 def report(chunks: list[str], stats: dict[str, dict[str, object]], rounds: int,
            export: dict[str, float]) -> str:  # fmt: skip
     """The markdown section."""
-    from webctx.adapters.onnx_embedder import cores_present
+    from webctx.adapters.onnx_embedder import cores_present, native_bf16
 
     ref = np.asarray(stats["torch"]["vectors"])
     rows = ["| backend | chunks/s (wall) | vs torch | CPU s / 1k chunks | vs torch | "
@@ -166,15 +166,20 @@ def report(chunks: list[str], stats: dict[str, dict[str, object]], rounds: int,
             f"{'yes' if s['modules'] else 'no'} |"
         )
     walls = {b: [round(w, 1) for w, _ in stats[b]["runs"]] for b in BACKENDS}  # type: ignore[attr-defined]
+    amx = "multiplies bf16 in hardware (AMX or AVX512-BF16), and `auto` picks bf16"
+    if not native_bf16():
+        amx = "does not multiply bf16 in hardware: bf16 is emulated, and `auto` does not pick it"
     return "\n".join([
         f"{len(chunks)} chunks of the QA pages (shared/data/qa) at the default chunk size "
         f"(64 cl100k tokens), embedded by all-MiniLM-L6-v2 on each backend in a process of "
-        f"its own, the three asked in turn for {rounds} rounds (best round shown; all walls "
+        f"its own, asked in turn for {rounds} rounds (best round shown; all walls "
         f"s: {walls}). {cores_present()} cores present, shared with other work: compare the "
         "ratios measured side by side, not the absolute rates. ONNX Runtime: threads = cores "
         "present, idle threads not spinning; int8 = dynamic quantization of the MatMul "
-        "weights, a scale per channel. Neighbours: each chunk's 10 nearest among all chunks "
-        "by cosine, the share both backends agree on.",
+        "weights, a scale per channel. OpenVINO: the fp32 graph compiled with bf16 "
+        f"inference precision, latency hint, threads = cores present; this CPU {amx}. "
+        "Neighbours: each chunk's 10 nearest among all chunks by cosine, the share both "
+        "backends agree on.",
         "",
         *rows,
         "",

@@ -190,19 +190,22 @@ class EmbedSettings(_Group):
     cache_ttl_s: int = 30 * 24 * 3600
     """Embedding cache entries (Redis, key = sha256 of model, dimensions, normalised text) expire
     this long after their last hit."""
-    local_backend: Literal["auto", "torch", "onnx", "onnx-int8"] = "auto"
-    """How the local model runs: `torch` (sentence-transformers), `onnx` (ONNX Runtime, fp32) or
-    `onnx-int8` (weights quantized to int8). `auto`: `onnx` when onnxruntime is installed, else
-    `torch`. fp32 on ONNX Runtime gives torch's vectors 1.7x as fast; int8 is 2.5x as fast but
-    its answer recall was 0.01 lower at 250 and 500 tokens (docs/benchmarks.md), so it is opt-in.
+    local_backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino-bf16"] = "auto"
+    """How the local model runs: `torch` (sentence-transformers), `onnx` (ONNX Runtime, fp32),
+    `onnx-int8` (weights quantized to int8) or `openvino-bf16` (the fp32 graph on OpenVINO in
+    bfloat16). `auto`: `openvino-bf16` when the CPU multiplies bf16 in hardware (AMX-BF16 or
+    AVX512-BF16) and openvino is installed, else `onnx` when onnxruntime is installed, else
+    `torch`. fp32 on ONNX Runtime is 1.7x torch; bf16 (cosine 0.99998) 2.7x that on AMX, 1.7x
+    on AVX512-BF16, slower than fp32 on a CPU with neither; int8 is 2.5x as fast as fp32 but its
+    answer recall was 0.01 lower at 250 and 500 tokens (docs/benchmarks.md), so it is opt-in.
     All report the model as `all-MiniLM-L6-v2`: caches and point ids stay shared."""
     local_cache_dir: Path | None = None
-    """Where the ONNX export is kept, one folder per hash of the model files and onnxruntime
-    version, written atomically under a file lock; unset: the user cache dir
-    (`~/.cache/webctx/onnx` on Linux)."""
+    """Where the ONNX export (run by ONNX Runtime and OpenVINO alike) is kept, one folder per
+    hash of the model files and onnxruntime version, written atomically under a file lock;
+    unset: the user cache dir (`~/.cache/webctx/onnx` on Linux)."""
     local_threads: int | None = Field(default=None, ge=1)
-    """ONNX Runtime threads per embedder; unset: the cores this process may use. Lower it when
-    several worker processes share few cores."""
+    """ONNX Runtime (or OpenVINO) threads per embedder; unset: the cores this process may use.
+    Lower it when several worker processes share few cores."""
 
 
 class PrefilterSettings(_Group):

@@ -259,18 +259,30 @@ def build_embedder(settings: Settings) -> Embedder:
 
 def build_local_embedder(embed: EmbedSettings) -> Embedder:
     """all-MiniLM-L6-v2 in process, on the backend `WEBCTX_EMBED__LOCAL_BACKEND` names
-    (auto: ONNX Runtime fp32 when onnxruntime is installed, else torch)."""
+    (auto: `local_auto_backend`)."""
     from webctx.adapters.local_embedder import LocalEmbedder
-    from webctx.adapters.onnx_embedder import OnnxEmbedder, onnx_available
+    from webctx.adapters.onnx_embedder import OnnxEmbedder, Runtime
     from webctx.adapters.onnx_export import default_cache_dir
 
-    backend = embed.local_backend
+    backend: str = embed.local_backend
     if backend == "auto":
-        backend = "onnx" if onnx_available() else "torch"
+        backend = local_auto_backend()
     if backend == "torch":
         return LocalEmbedder()
+    runtime: Runtime = "openvino" if backend == "openvino-bf16" else "onnxruntime"
     return OnnxEmbedder(cache_dir=embed.local_cache_dir or default_cache_dir() / "onnx",
-                        quantized=backend == "onnx-int8", threads=embed.local_threads)  # fmt: skip
+                        quantized=backend == "onnx-int8", threads=embed.local_threads,
+                        runtime=runtime)  # fmt: skip
+
+
+def local_auto_backend() -> str:
+    """`openvino-bf16` on a CPU that multiplies bf16 in hardware with OpenVINO installed,
+    else `onnx` with onnxruntime installed, else `torch`."""
+    from webctx.adapters.onnx_embedder import native_bf16, onnx_available, openvino_available
+
+    if native_bf16() and openvino_available():
+        return "openvino-bf16"
+    return "onnx" if onnx_available() else "torch"
 
 
 def _bytes_client(settings: Settings) -> redis.Redis:

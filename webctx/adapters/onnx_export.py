@@ -43,6 +43,17 @@ def default_cache_dir() -> Path:
     return Path(user_cache_dir("webctx", appauthor=False))
 
 
+def runtime_version() -> str:
+    """The installed onnxruntime's version (part of the cache key: its quantizer writes
+    the int8 file), or `none`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onnxruntime")
+    except PackageNotFoundError:
+        return "none"
+
+
 def model_key(model_dir: Path, ort_version: str) -> str:
     """sha256 of every file under `model_dir` (paths and bytes), the runtime, the recipe."""
     digest = hashlib.sha256(f"recipe={RECIPE};onnxruntime={ort_version}".encode())
