@@ -227,13 +227,21 @@ def _prepare(instance: Any = None, **_: Any) -> None:
         queues -= STORE_QUEUES
     load_tokenizer(queues)
     _heartbeat.extend(make_heartbeat())
-    _warm_on_ready[:] = [bool(queues & EMBEDDER_QUEUES)]
+    _warm_on_ready[:] = [warms_embedder(queues, instance.pool_cls)]
 
 
 _heartbeat: list[Heartbeat] = []
 EMBEDDER_QUEUES = frozenset({"embed", "rank", REINDEX_QUEUE})
 """Queues whose tasks embed (pages, the question, re-indexed pages)."""
 _warm_on_ready: list[bool] = []
+
+
+def warms_embedder(queues: set[str], pool_cls: type) -> bool:
+    """Whether this process builds its embedder once consuming: when it takes embedding
+    queues and runs their tasks itself (a thread or solo pool). A prefork parent runs no
+    task, and a child forked after it loaded an in-process model (ONNX Runtime's or
+    OpenVINO's thread pools) would inherit the model without its threads."""
+    return bool(queues & EMBEDDER_QUEUES) and "prefork" not in pool_cls.__module__
 
 
 @signals.worker_ready.connect(weak=False)

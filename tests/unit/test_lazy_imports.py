@@ -78,3 +78,18 @@ def test_building_the_openai_embedder_loads_its_client_only_when_warmed() -> Non
         "e.close()\n"
     )
     assert _run(script) == [False, True]
+
+
+def test_only_a_worker_that_runs_its_embed_tasks_itself_warms_the_embedder() -> None:
+    from celery.concurrency.prefork import TaskPool as Prefork
+    from celery.concurrency.solo import TaskPool as Solo
+    from celery.concurrency.thread import TaskPool as Threads
+
+    from webctx.workers.app import warms_embedder
+
+    assert warms_embedder({"fetch", "embed"}, Threads)
+    assert warms_embedder({"rank"}, Solo)
+    # A prefork parent runs no task; children forked after it loaded a model in process
+    # would inherit the model without its thread pool.
+    assert not warms_embedder({"embed", "rank"}, Prefork)
+    assert not warms_embedder({"fetch", "search"}, Threads)
