@@ -12,6 +12,7 @@ import typer
 from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 
+from webctx.cli.collector import settle
 from webctx.cli.common import OutputFormat, fail, print_bundle
 from webctx.errors import JobNotFound, WebctxError
 from webctx.jobs.store import JobProgress, JobStore
@@ -92,6 +93,7 @@ def research(
         with open_runtime(settings) as runtime:
             caller = Caller(tenant=settings.local_tenant)
             job_id, _ = submit(runtime, caller, request, idempotency_key=idempotency_key)
+            settle()  # what the submission loaded stays; the wait collects as usual
             if no_wait:
                 typer.echo(job_id)
                 return

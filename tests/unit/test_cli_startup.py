@@ -1,0 +1,78 @@
+"""The command line's start: the garbage collector is off while a command loads (its
+imports make ~75k objects that live as long as it does) and on, with those objects left
+out, while the command works. `webctx research` keeps it off through its submission."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs `main()` in a new interpreter with the submission and the state stores replaced by
+# recorders of the collector's state (no broker is reached: nothing here needs one).
+SCRIPT = """
+import gc, json, sys
+from contextlib import contextmanager
+import webctx.api.runtime as runtime
+import webctx.workers.deps as deps
+from webctx.errors import WebctxError
+
+seen = {}
+
+@contextmanager
+def open_runtime(settings):
+    seen["collecting at open"] = gc.isenabled()
+    yield None
+
+def submit(runtime, caller, request, idempotency_key=None):
+    seen["collecting at submit"] = gc.isenabled()
+    return "job-1", True
+
+def state_stores(settings, **_):
+    seen["collecting in the command"] = gc.isenabled()
+    raise WebctxError("no state store here")
+
+runtime.open_runtime, runtime.submit, deps.state_stores = open_runtime, submit, state_stores
+gc.collect()
+sys.argv = ["webctx", *json.loads(sys.argv[1])]
+from webctx.cli.main import main
+try:
+    main()
+except SystemExit as exc:
+    seen["exit"] = exc.code
+seen["collecting after"] = gc.isenabled()
+seen["frozen"] = gc.get_freeze_count()
+print(json.dumps(seen))
+"""
+
+
+def _main(*argv: str) -> dict[str, Any]:
+    env = {**os.environ, "CELERY_BROKER_URL": "redis://127.0.0.1:9/0"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(argv)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_research_collects_nothing_until_its_job_is_submitted() -> None:
+    seen = _main("research", "why is the sky blue?", "--no-wait")
+    assert seen["exit"] in (0, None)
+    assert seen["collecting at open"] is False and seen["collecting at submit"] is False
+    # The wait collects again, and never walks what the command loaded.
+    assert seen["collecting after"] is True and seen["frozen"] > 10_000
+
+
+def test_a_research_request_refused_before_submission_still_exits_settled() -> None:
+    seen = _main("research", "   ", "--no-wait")
+    assert seen["exit"] == 2 and "collecting at submit" not in seen
+    assert seen["collecting after"] is True and seen["frozen"] > 10_000
+
+
+def test_every_other_command_collects_while_it_works() -> None:
+    seen = _main("status", "job-1")
+    assert seen["exit"] == 1
+    assert seen["collecting in the command"] is True and seen["frozen"] > 10_000
