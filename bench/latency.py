@@ -19,14 +19,15 @@ call" columns), and once through the HTTP API as an agent's client would call it
 api` and its service started beforehand, then one `POST /v1/context`, timed from the
 request to the bundle: the "HTTP API" columns, without the CLI's interpreter and imports).
 Paths: the API (OPENAI_BASE_URL set) and the local model (nothing set:
-all-MiniLM-L6-v2 in process on ONNX Runtime). The critical path of a job is its slowest
+all-MiniLM-L6-v2 in process on the `auto` backend: OpenVINO bf16 on a CPU that multiplies
+bf16, AMX or AVX512-BF16, else ONNX Runtime fp32). The critical path of a job is its slowest
 page, plus one embeddings round trip on the API path; the per-host bound is the same
 with each host's pages on its `WEBCTX_FETCH__PER_HOST_CONCURRENCY` (2) connections, in
 the best order (with `--hosts` below the pages, a job's pages can share a host). Rows with
-levers (`--levers`) set the named WEBCTX_ variables.
+levers (`--levers`, or only those named `--lever NAME`) set the named WEBCTX_ variables.
 
     WEBCTX_BENCH_LOCAL_BACKEND=onnx .venv/bin/python bench/latency.py [--questions 5]
-        [--levers] [--write]
+        [--levers [--lever NAME ...] [--lever-questions 2]] [--write]
 """
 
 from __future__ import annotations
@@ -414,6 +415,9 @@ LEVERS = [
            (("WEBCTX_PREFILTER__AHEAD", "false"),)),
     Config("local model, 8 task threads", False, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
     Config("local model int8", False, 20, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx-int8"),)),
+    Config("local model, ONNX Runtime fp32", False, 8, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"),)),
+    Config("local model, ONNX Runtime fp32", False, 20,
+           (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"),)),
 ]  # fmt: skip
 
 
@@ -428,6 +432,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=5)
     parser.add_argument("--levers", action="store_true", help="also the lever rows")
     parser.add_argument("--lever-questions", type=int, default=2)
+    parser.add_argument("--lever", action="append", default=[], metavar="NAME",
+                        help="only the lever rows whose name contains NAME (repeatable)")
     parser.add_argument("--write", action="store_true")
     parser.add_argument(
         "--hosts",
@@ -448,7 +454,8 @@ def main() -> None:
     results: list[tuple[Config, list[Run]]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="webctx-latency-") as tmp:
-            configs = MAIN + (LEVERS if args.levers else [])
+            levers = [c for c in LEVERS if not args.lever or any(n in c.name for n in args.lever)]
+            configs = MAIN + (levers if args.levers else [])
             for config in configs:
                 asked = held_out if config in MAIN else held_out[: args.lever_questions]
                 results.append((config, measure(web, asked, config, Path(tmp))))
