@@ -176,12 +176,14 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
         after_first = embedded_texts.copy()
         assert after_first
 
-        # Between runs: p1 changes, p4 goes 404, p5 leaves the sitemap.
+        # Between runs: p1 changes, p4 goes 404, p5 leaves the sitemap. A run may be under
+        # way as the site changes (it reads the old sitemap): the second run counted from
+        # here is the first that surely started after the change.
+        runs_before = runs()
         old_p1 = first[web.url + "/p1.html"].content_sha256
         site.put("/p1.html", article("topic1-rewritten", 2))
         del site.pages["/p4.html"]
         site.put("/sitemap.xml", sitemap(web.url, paths[:4] + ["/p4.html"]), "application/xml")
-        runs_before = runs()
 
         # The worker holds the embedded engine: search through it, as the API does.
         client = Celery(broker=redis_url(DB), backend=redis_url(DB))
@@ -203,7 +205,7 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
 
         thread = threading.Thread(target=searcher, daemon=True)
         thread.start()
-        wait_until(lambda: runs() >= runs_before + 1, 60, "the next scheduled run")
+        wait_until(lambda: runs() >= runs_before + 2, 60, "a run started after the change")
         time.sleep(1.0)
         stop.set()
         thread.join(timeout=40)
