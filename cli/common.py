@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from webctx.models import Bundle
-from webctx.settings import Settings
-
 if TYPE_CHECKING:
+    from webctx.models import Bundle
+    from webctx.settings import Settings
     from webctx.workers.deps import StateStores
 
 

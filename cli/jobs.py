@@ -3,31 +3,36 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-import redis
 import typer
-from kombu.exceptions import OperationalError
-from pydantic import ValidationError
 
 from webctx.cli.collector import settle
 from webctx.cli.common import OutputFormat, fail, print_bundle
-from webctx.errors import JobNotFound, WebctxError
-from webctx.jobs.store import JobProgress, JobStore
-from webctx.models import JobRequest, JobStatus
-from webctx.settings import get_settings
+from webctx.errors import WebctxError
+
+if TYPE_CHECKING:
+    from webctx.jobs.store import JobProgress, JobStore
+    from webctx.models import JobRequest
+
+# What a command needs only once its job is submitted (the job store, redis-py, the
+# settings) is imported where it is used: `research` hands its request to a running local
+# service before loading them (webctx/api/inbox.py).
 
 
-def _request(question: str, **options: object) -> JobRequest:
+def _request(options: dict[str, Any]) -> JobRequest:
+    from pydantic import ValidationError
+
+    from webctx.api.inbox import validation_problems
+    from webctx.models import JobRequest
+
     try:
-        return JobRequest.model_validate({"question": question, **options})
+        return JobRequest.model_validate(options)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise fail(f"invalid request: {problems}") from exc
+        raise fail(f"invalid request: {validation_problems(exc)}") from exc
 
 
 def research(
@@ -71,20 +76,76 @@ def research(
     ] = None,
 ) -> None:
     """Research a question and print its cited context bundle."""
-    from webctx.api.runtime import Caller, open_runtime, submit
+    options = {"question": question, "max_sources": max_sources, "top_k": top_k,
+               "token_budget": token_budget, "max_queries": max_queries,
+               "include_domains": include_domains or [],
+               "exclude_domains": exclude_domains or [], "recency_days": recency_days,
+               "max_age": max_age, "stale_if_error": stale_if_error}  # fmt: skip
+    job_id = _hand_to_service(options, idempotency_key)
+    if job_id is not None:
+        settle()
+        if no_wait:
+            typer.echo(job_id)
+            return
+        _wait_local(job_id, format, timeout)
+        return
+    _submit_and_wait(_request(options), format, timeout, no_wait, idempotency_key)
 
-    request = _request(
-        question,
-        max_sources=max_sources,
-        top_k=top_k,
-        token_budget=token_budget,
-        max_queries=max_queries,
-        include_domains=include_domains or [],
-        exclude_domains=exclude_domains or [],
-        recency_days=recency_days,
-        max_age=max_age,
-        stale_if_error=stale_if_error,
-    )
+
+def _hand_to_service(options: dict[str, Any], idempotency_key: str | None) -> str | None:
+    """The job id when the running local service took the request, else None (a broker is
+    set, no service runs yet, or it runs with other settings): the command submits."""
+    from webctx.workers.service_client import local_data_dir
+
+    data_dir = local_data_dir(dict(os.environ))
+    if data_dir is None:
+        return None
+    from webctx.api.inbox import hand_over
+
+    answer = hand_over(data_dir, options, idempotency_key=idempotency_key)
+    if answer is None:
+        return None
+    if "job_id" not in answer:
+        raise fail(str(answer.get("error")), code=int(answer.get("code") or 1))
+    return str(answer["job_id"])
+
+
+def _wait_local(job_id: str, fmt: OutputFormat, timeout: float | None) -> None:
+    """Wait for a job the local service submitted, and print it."""
+    import redis
+
+    from webctx.cli.common import state_stores
+    from webctx.settings import get_settings
+    from webctx.workers.service_client import ensure_service
+
+    settings = get_settings()
+    wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
+    stores = state_stores(settings)
+
+    def keep() -> None:  # the service restarted if it stopped, as the runtime's keep_service
+        ensure_service(settings.data_dir)
+
+    try:
+        _wait_and_print(stores.jobs, job_id, fmt, wait_s, keep=keep)
+    except WebctxError as exc:
+        raise fail(str(exc), code=1) from exc
+    except redis.RedisError as exc:
+        raise fail(f"job state store unreachable: {exc}", code=1) from exc
+    finally:
+        stores.close()
+
+
+def _submit_and_wait(
+    request: JobRequest, format: OutputFormat, timeout: float | None, no_wait: bool,
+    idempotency_key: str | None,
+) -> None:  # fmt: skip
+    """Submit as the API does, from this process, then wait and print."""
+    import redis
+    from kombu.exceptions import OperationalError
+
+    from webctx.api.runtime import Caller, open_runtime, submit
+    from webctx.settings import get_settings
+
     settings = get_settings()
     wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
     try:
@@ -110,6 +171,12 @@ def _poller(
     """Poll the job's progress (after `keep`: the local service restarted if it stopped);
     ride out a Redis outage (the wait's timeout bounds it), and say so clearly when Redis
     came back without the job's state."""
+    import redis
+
+    from webctx.errors import JobNotFound
+    from webctx.jobs.store import JobProgress
+    from webctx.models import JobStatus
+
     last = [JobProgress(job_id=job_id, status=JobStatus.QUEUED)]
 
     def poll() -> JobProgress:
@@ -131,6 +198,8 @@ def _until_finished(jobs: JobStore, job_id: str) -> Callable[[float], None]:
     """A pause between polls that ends when the job finishes (a Redis outage: a plain sleep,
     the poller rides it out)."""
 
+    import redis
+
     def pause(seconds: float) -> None:
         try:
             jobs.wait_finished(job_id, seconds)
@@ -149,6 +218,7 @@ def _wait_and_print(
     keep: Callable[[], None] = lambda: None,
 ) -> None:
     from webctx.cli.progress import wait_for_job
+    from webctx.models import JobStatus
 
     progress = wait_for_job(_poller(jobs, job_id, keep), timeout_s=wait_s,
                             pause=_until_finished(jobs, job_id))  # fmt: skip
@@ -161,6 +231,7 @@ def _wait_and_print(
 
 def status(job_id: str) -> None:
     """Print a job's progress as JSON."""
+    from webctx.settings import get_settings
     from webctx.workers.deps import state_stores
 
     settings = get_settings()
@@ -176,9 +247,23 @@ def bundle(
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
 ) -> None:
     """Print a finished job's bundle."""
+    from webctx.settings import get_settings
     from webctx.workers.deps import state_stores
 
     found = state_stores(get_settings()).jobs.bundle(job_id)
     if found is None:
         raise fail(f"job {job_id} has no bundle (unknown, expired or still running)", code=1)
     print_bundle(found, format)
+
+
+def research_cli() -> typer.Typer:
+    """The command line with `research` alone: `webctx research` loads no other command's
+    modules before its job is submitted (webctx.cli.main)."""
+    app = typer.Typer(add_completion=False)
+
+    @app.callback()
+    def _group() -> None:
+        """webctx: a research question -> a cited context bundle."""
+
+    app.command()(research)
+    return app

@@ -21,9 +21,13 @@ def main() -> None:
     from webctx.workers.service_client import reach_early
 
     reach_early(sys.argv[1:], dict(os.environ))
-    from webctx.cli.app import cli
-
     command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "research":  # its own modules only, before its job is submitted
+        from webctx.cli.jobs import research_cli
+
+        cli = research_cli()
+    else:
+        from webctx.cli.app import cli
     if command not in SETTLES_ITSELF:
         settle(collect=True)  # workers, servers and batch feeders run for long
     try:

@@ -25,12 +25,20 @@ def _local() -> None:
 def service_run() -> None:
     """Run the service in the foreground (exits 0 at once when one already runs)."""
     _local()
+    from functools import partial
+
+    from webctx.api.inbox import INBOX_KEY, serve_inbox
     from webctx.logging import configure_logging
     from webctx.workers.service import run_service
 
     settings = get_settings()
     configure_logging(json=settings.log_format == "json", level=settings.log_level)
-    raise typer.Exit(run_service(settings))
+    # Loaded here, once: the inbox's thread and the worker would otherwise import them at
+    # the same moment.
+    import webctx.api.runtime  # noqa: F401
+    import webctx.workers.app  # noqa: F401
+
+    raise typer.Exit(run_service(settings, inbox=(INBOX_KEY, partial(serve_inbox, settings))))
 
 
 @service.command("start")

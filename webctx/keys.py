@@ -135,6 +135,12 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "or when a live worker requeues its tasks"),
     KeyFamily("webctx:worker:{worker_id}:held", "webctx.workers.liveness", "ttl", "shared",
               "delivery tags a worker process holds unacked (renewed by each beat)"),
+    # -- the local service's Valkey ------------------------------------------------------
+    KeyFamily("webctx:inbox", "webctx.api.inbox", "ttl", "shared",
+              "research requests handed to the local service by `webctx research`; each "
+              "push renews its TTL, the service pops them"),
+    KeyFamily("webctx:inbox:reply:{request_id}", "webctx.api.inbox", "ttl", "shared",
+              "the service's answer to one handed request: its job id or its error"),
     # -- the network guard ----------------------------------------------------------------
     KeyFamily("webctx:pace:{host}", "webctx.net.politeness", "ttl", "shared",
               "a host's pace and 429/503 pause, shared by every fetch worker"),

@@ -40,7 +40,12 @@ logger = logging.getLogger("webctx.service")
 PRIORITY_SEP = "\x06\x16"  # kombu's separator of a queue's priority lists
 
 
-def run_service(settings: Settings) -> int:
+Inbox = tuple[str, Callable[[str, threading.Event], None]]
+"""A list on the service's Valkey that clients hand requests to, and the function that
+serves it (on the socket, until the event is set) in a thread (webctx/api/inbox.py)."""
+
+
+def run_service(settings: Settings, *, inbox: Inbox | None = None) -> int:
     """Serve until idle or stopped; the exit code (0 also when another service runs)."""
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -60,13 +65,20 @@ def run_service(settings: Settings) -> int:
     socket = state_server_url(data_dir).removeprefix("unix://").split("?")[0]
     temp = address.with_suffix(".tmp")
     fingerprint = settings_fingerprint(dict(os.environ))
+    stop = threading.Event()
+    if inbox is not None:
+        # Before the address is written: a client that reads it finds the inbox served.
+        threading.Thread(target=inbox[1], args=(socket, stop), daemon=True,
+                         name="service-inbox").start()  # fmt: skip
     temp.write_text(json.dumps({"pid": os.getpid(), "socket": socket, "started": time.time(),
-                                "settings": fingerprint}))  # fmt: skip
+                                "settings": fingerprint,
+                                "inbox": inbox[0] if inbox else None}))  # fmt: skip
     temp.replace(address)  # clients see a whole file or none
     logger.info("service listening", extra={"socket": socket, "pid": os.getpid()})
     try:
         return _run_worker(settings, address)
     finally:
+        stop.set()
         if _owns(address):
             address.unlink(missing_ok=True)
 

@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webctx.errors import ConfigError
+from webctx.workers.resp import RespConnection
 
 logger = logging.getLogger("webctx.service")
 
@@ -55,6 +55,8 @@ class ServiceInfo:
     socket: str
     settings: str = ""
     """The fingerprint of the environment it was started with (`settings_fingerprint`)."""
+    inbox: str | None = None
+    """The Valkey list it takes research requests from (webctx/api/inbox.py), if any."""
 
     @property
     def state_url(self) -> str:
@@ -64,7 +66,7 @@ class ServiceInfo:
 
 _in_service = False
 _warned: set[Path] = set()
-_presence: dict[Path, socket.socket] = {}
+_presence: dict[Path, RespConnection] = {}
 _children: list[subprocess.Popen[bytes]] = []
 _lock = threading.Lock()
 
@@ -152,8 +154,10 @@ def _probe(data_dir: Path) -> ServiceInfo | str:
         os.close(fd)
     try:
         info = json.loads((data_dir / ADDRESS_FILE).read_text())
+        inbox = info.get("inbox")
         service = ServiceInfo(pid=int(info["pid"]), socket=str(info["socket"]),
-                              settings=str(info.get("settings", "")))  # fmt: skip
+                              settings=str(info.get("settings", "")),
+                              inbox=str(inbox) if inbox else None)  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return "starting"
     return service if Path(f"/proc/{service.pid}").exists() else "starting"
@@ -234,39 +238,22 @@ def _be_present(data_dir: Path, info: ServiceInfo) -> None:
         present = _presence.pop(data_dir, None)
         if present is not None:
             try:
-                if _command(present, ["PING"]) == b"+PONG":
+                if present.call("PING") == b"PONG":
                     _presence[data_dir] = present
                     return
             except OSError:
                 pass
             present.close()
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.settimeout(10)
         try:
-            conn.connect(info.socket)
-            name = f"{PRESENCE_PREFIX}{os.getpid()}"
-            if _command(conn, ["CLIENT", "SETNAME", name]) != b"+OK":
-                raise OSError("CLIENT SETNAME refused")
+            conn = RespConnection(info.socket)
+        except OSError:
+            return  # the service is going away: the next call starts another
+        try:
+            conn.call("CLIENT", "SETNAME", f"{PRESENCE_PREFIX}{os.getpid()}")
         except OSError:
             conn.close()
-            return  # the service is going away: the next call starts another
+            return
         _presence[data_dir] = conn
-
-
-def _command(conn: socket.socket, words: Sequence[str]) -> bytes:
-    """Send one command (RESP array of bulk strings); its one-line reply."""
-    parts = [f"*{len(words)}\r\n".encode()]
-    for word in words:
-        data = word.encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    conn.sendall(b"".join(parts))
-    reply = b""
-    while not reply.endswith(b"\r\n"):
-        chunk = conn.recv(256)
-        if not chunk:
-            raise OSError("connection closed")
-        reply += chunk
-    return reply.strip()
 
 
 CLIENT_COMMANDS = frozenset(
@@ -283,11 +270,9 @@ def reach_early(argv: Sequence[str], environ: dict[str, str]) -> None:
     words = [a for a in argv if not a.startswith("-")]
     if not words or words[0] not in CLIENT_COMMANDS or {"--help", "-h"} & set(argv):
         return
-    if environ.get("CELERY_BROKER_URL") or environ.get("WEBCTX_BROKER_URL"):
+    data_dir = local_data_dir(environ)
+    if data_dir is None:
         return
-    import platformdirs
-
-    data_dir = Path(environ.get("WEBCTX_DATA_DIR") or platformdirs.user_data_dir("webctx"))
 
     def reach() -> None:
         try:
@@ -296,6 +281,16 @@ def reach_early(argv: Sequence[str], environ: dict[str, str]) -> None:
             pass
 
     threading.Thread(target=reach, name="reach-service", daemon=True).start()
+
+
+def local_data_dir(environ: dict[str, str]) -> Path | None:
+    """The data directory whose service local clients use, or None with a broker set (read
+    from the environment as webctx.settings reads it, before the settings load)."""
+    if environ.get("CELERY_BROKER_URL") or environ.get("WEBCTX_BROKER_URL"):
+        return None
+    import platformdirs
+
+    return Path(environ.get("WEBCTX_DATA_DIR") or platformdirs.user_data_dir("webctx"))
 
 
 def _log_tail(data_dir: Path) -> str:

@@ -1,0 +1,63 @@
+"""`webctx research` against a running local service: the service submits what the command
+hands it (webctx/api/inbox.py), with the same limits, idempotency and errors as when the
+command submits by itself; real CLI processes, the real service, the loopback web."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import clean_env, run_cli, service_pid
+from tests.testweb import LoopbackWeb
+from webctx.models import Bundle
+
+QUESTION = "how do lithium-ion batteries degrade?"
+SMALL = ("--max-sources", "4", "--token-budget", "600")
+
+
+def _submitted_by_service(data_dir: Path) -> int:
+    return (data_dir / "service.log").read_text().count("job submitted")
+
+
+def test_research_with_a_service_running_is_submitted_by_it_and_prints_the_bundle(
+    test_web: LoopbackWeb, data_dir: Path
+) -> None:
+    env = clean_env(**test_web.env())
+    first = run_cli(env, "research", QUESTION, *SMALL, "--no-wait")  # starts the service
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert service_pid(data_dir) is not None
+    before = _submitted_by_service(data_dir)
+
+    done = run_cli(env, "research", "does fast charging wear out a battery?", *SMALL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    bundle = Bundle.model_validate_json(done.stdout)
+    assert bundle.chunks and bundle.sources
+    assert _submitted_by_service(data_dir) == before + 1  # the service submitted it
+
+    # The idempotency key holds across hand-overs: same key and request, same job; same
+    # key, another request: refused, as the API refuses it.
+    keyed = [run_cli(env, "research", QUESTION, *SMALL, "--no-wait", "--idempotency-key", "k1")
+             for _ in range(2)]  # fmt: skip
+    assert [k.returncode for k in keyed] == [0, 0]
+    assert keyed[0].stdout.strip() == keyed[1].stdout.strip() != first.stdout.strip()
+    other = run_cli(env, "research", "what is SEI growth?", *SMALL, "--no-wait",
+                    "--idempotency-key", "k1")  # fmt: skip
+    assert other.returncode == 1 and "Idempotency-Key already used" in other.stderr
+    assert _submitted_by_service(data_dir) == before + 2
+
+
+def test_a_request_the_service_refuses_prints_the_commands_own_error(
+    test_web: LoopbackWeb, data_dir: Path
+) -> None:
+    env = clean_env(**test_web.env())
+    assert run_cli(env, "service", "start").returncode == 0
+    handed = run_cli(env, "research", QUESTION, "--max-sources", "0", "--no-wait")
+    # The same request refused by a command that submits by itself (a broker set: it
+    # validates before it connects anywhere).
+    itself = run_cli(clean_env(**test_web.env(), CELERY_BROKER_URL="redis://127.0.0.1:9/0"),
+                     "research", QUESTION, "--max-sources", "0", "--no-wait")  # fmt: skip
+    assert handed.returncode == itself.returncode == 2
+    assert handed.stderr.strip().splitlines()[-1] == itself.stderr.strip().splitlines()[-1]
+    assert "max_sources" in handed.stderr
+    too_big = run_cli(env, "research", QUESTION, "--max-sources", "100000", "--no-wait")
+    assert too_big.returncode in (1, 2) and "max_sources" in too_big.stderr
+    assert _submitted_by_service(data_dir) == 0

@@ -1,0 +1,169 @@
+"""`webctx research` handed to a running local service (webctx/api/inbox.py), the client's
+side: a real Valkey of the data directory, a service.json naming it, and this test in the
+service's place (it answers, late, or not at all)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import ROOT
+from webctx.api.inbox import INBOX_KEY, REPLY_PREFIX, _answer, hand_over
+from webctx.workers.resp import RespConnection, RespError
+from webctx.workers.service_client import ADDRESS_FILE, LOCK_FILE, settings_fingerprint
+from webctx.workers.state_server import state_server_url
+
+REQUEST = {"question": "why is the sky blue?", "max_sources": 3}
+
+
+@pytest.fixture
+def valkey(data_dir: Path) -> Iterator[str]:
+    """The socket of a real Valkey for `data_dir`, and a service.json naming it (with an
+    inbox, this process's pid and settings), its lock held: a running service as a client
+    sees one, with nobody serving its inbox yet."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    socket = state_server_url(data_dir).removeprefix("unix://").split("?")[0]
+    lock = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    _address(data_dir, socket, inbox=INBOX_KEY)
+    yield socket
+    os.close(lock)
+
+
+def _address(data_dir: Path, socket: str, **extra: Any) -> None:
+    info = {"pid": os.getpid(), "socket": socket,
+            "settings": settings_fingerprint(dict(os.environ)), **extra}  # fmt: skip
+    (data_dir / ADDRESS_FILE).write_text(json.dumps(info))
+
+
+def _serve(socket: str, answer: dict[str, Any], *, after_s: float = 0.0) -> threading.Thread:
+    """Play the service: take one item (after `after_s`), record it, answer `answer`."""
+
+    def run() -> None:
+        time.sleep(after_s)
+        with RespConnection(socket) as conn:
+            popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
+            assert isinstance(popped, list) and isinstance(popped[1], bytes)
+            taken.append(json.loads(popped[1]))
+            conn.call("LPUSH", taken[-1]["reply"], json.dumps(answer))
+
+    taken: list[dict[str, Any]] = []
+    thread = threading.Thread(target=run, daemon=True)
+    thread.taken = taken  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def test_resp_speaks_every_reply_kind_and_raises_server_errors(valkey: str) -> None:
+    with RespConnection(valkey) as conn:
+        assert conn.call("PING") == b"PONG"
+        assert conn.call("RPUSH", "l", b"a\r\nb", "") == 2  # CRLF inside a bulk string
+        assert conn.call("LRANGE", "l", 0, -1) == [b"a\r\nb", b""]
+        assert conn.call("GET", "missing") is None
+        assert conn.call("BLPOP", "empty", 0.05) is None  # a nil array
+        with pytest.raises(RespError, match="wrong number of arguments"):
+            conn.call("GET")
+        assert conn.call("SET", "big", b"x" * 300_000) == b"OK"
+        assert conn.call("STRLEN", "big") == 300_000 and len(conn.call("GET", "big")) == 300_000  # type: ignore[arg-type]
+
+
+def test_a_request_the_service_takes_is_answered_with_its_job_id(
+    data_dir: Path, valkey: str
+) -> None:
+    service = _serve(valkey, {"job_id": "job-1"})
+    answer = hand_over(data_dir, REQUEST, idempotency_key="k-1")
+    service.join(5)
+    assert answer == {"job_id": "job-1"}
+    (item,) = service.taken  # type: ignore[attr-defined]
+    assert item["request"] == REQUEST and item["idempotency_key"] == "k-1"
+    assert item["reply"].startswith(REPLY_PREFIX) and item["expires"] > time.time()
+    # The inbox and the reply key expire: nothing stays behind a client that went away.
+    client = redis.Redis(unix_socket_path=valkey)
+    assert client.ttl(INBOX_KEY) in (-2, *range(1, 61))
+
+
+def test_a_request_nobody_takes_is_withdrawn_and_left_to_the_command(
+    data_dir: Path, valkey: str
+) -> None:
+    started = time.monotonic()
+    assert hand_over(data_dir, REQUEST, take_s=0.3) is None
+    assert time.monotonic() - started < 3
+    assert redis.Redis(unix_socket_path=valkey).llen(INBOX_KEY) == 0  # nothing to submit later
+
+
+def test_a_request_taken_too_late_is_answered_expired_and_never_submitted(
+    data_dir: Path, valkey: str
+) -> None:
+    # The service takes the item just after its client stopped waiting (0.3 s), and finds
+    # it expired: it answers so without submitting, and the client submits by itself.
+    submitted: list[object] = []
+
+    class Runtime:  # what _answer would submit through: must not be reached
+        def __getattr__(self, name: str) -> object:
+            submitted.append(name)
+            raise AssertionError(name)
+
+    def late_service() -> None:
+        with RespConnection(valkey) as conn:
+            popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
+            assert isinstance(popped, list) and isinstance(popped[1], bytes)
+            time.sleep(0.5)
+            _answer(conn, Runtime(), popped[1])  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=late_service, daemon=True)
+    thread.start()
+    assert hand_over(data_dir, REQUEST, take_s=0.3) is None
+    thread.join(5)
+    assert submitted == []
+
+
+def test_no_hand_over_to_a_service_without_an_inbox_or_with_other_settings(
+    data_dir: Path, valkey: str
+) -> None:
+    _address(data_dir, valkey)  # a service of an earlier version: no inbox
+    assert hand_over(data_dir, REQUEST, take_s=5) is None
+    _address(data_dir, valkey, inbox=INBOX_KEY, settings="0123456789abcdef")
+    assert hand_over(data_dir, REQUEST, take_s=5) is None
+    assert redis.Redis(unix_socket_path=valkey).llen(INBOX_KEY) == 0
+
+
+def test_research_hands_over_before_loading_redis_celery_or_the_settings(
+    data_dir: Path, valkey: str
+) -> None:
+    service = _serve(valkey, {"job_id": "job-7"})
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "webctx.cli", "research", "why?", "--no-wait"],
+        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    service.join(5)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "job-7"
+    loaded = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+              if line.startswith("import time:")}  # fmt: skip
+    # (pydantic itself is loaded by typer as it builds the command.)
+    heavy = {"redis", "celery", "kombu", "pydantic_settings", "webctx.settings",
+             "webctx.models", "webctx.jobs.store", "webctx.api.runtime"}  # fmt: skip
+    assert loaded and heavy & loaded == set()
+
+
+def test_a_refused_request_gets_the_services_error_and_exit_code(
+    data_dir: Path, valkey: str
+) -> None:
+    service = _serve(valkey, {"error": "invalid request: max_sources: too many", "code": 2})
+    done = subprocess.run([sys.executable, "-m", "webctx.cli", "research", "why?"], cwd=ROOT,
+                          env=dict(os.environ), capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    service.join(5)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("error: invalid request: max_sources: too many")
