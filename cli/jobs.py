@@ -82,14 +82,13 @@ def research(
                "exclude_domains": exclude_domains or [], "recency_days": recency_days,
                "max_age": max_age, "stale_if_error": stale_if_error}  # fmt: skip
     job_id = _hand_to_service(options, idempotency_key)
-    if job_id is not None:
-        settle()
-        if no_wait:
-            typer.echo(job_id)
-            return
-        _wait_local(job_id, format, timeout)
+    if job_id is None:
+        job_id = _submit(_request(options), idempotency_key)
+    settle()  # what the submission loaded stays; the wait collects as usual
+    if no_wait:
+        typer.echo(job_id)
         return
-    _submit_and_wait(_request(options), format, timeout, no_wait, idempotency_key)
+    _wait(job_id, format, timeout)
 
 
 def _hand_to_service(options: dict[str, Any], idempotency_key: str | None) -> str | None:
@@ -110,36 +109,10 @@ def _hand_to_service(options: dict[str, Any], idempotency_key: str | None) -> st
     return str(answer["job_id"])
 
 
-def _wait_local(job_id: str, fmt: OutputFormat, timeout: float | None) -> None:
-    """Wait for a job the local service submitted, and print it."""
-    import redis
-
-    from webctx.cli.common import state_stores
-    from webctx.settings import get_settings
-    from webctx.workers.service_client import ensure_service
-
-    settings = get_settings()
-    wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
-    stores = state_stores(settings)
-
-    def keep() -> None:  # the service restarted if it stopped, as the runtime's keep_service
-        ensure_service(settings.data_dir)
-
-    try:
-        _wait_and_print(stores.jobs, job_id, fmt, wait_s, keep=keep)
-    except WebctxError as exc:
-        raise fail(str(exc), code=1) from exc
-    except redis.RedisError as exc:
-        raise fail(f"job state store unreachable: {exc}", code=1) from exc
-    finally:
-        stores.close()
-
-
-def _submit_and_wait(
-    request: JobRequest, format: OutputFormat, timeout: float | None, no_wait: bool,
-    idempotency_key: str | None,
-) -> None:  # fmt: skip
-    """Submit as the API does, from this process, then wait and print."""
+def _submit(request: JobRequest, idempotency_key: str | None) -> str:
+    """Submit from this process, as the API does: the local tenant, the request limits,
+    the tenant's quota and the idempotency key; with no broker, the local service runs
+    the job."""
     import redis
     from kombu.exceptions import OperationalError
 
@@ -147,22 +120,35 @@ def _submit_and_wait(
     from webctx.settings import get_settings
 
     settings = get_settings()
-    wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
     try:
-        # The API's submission: the local tenant, the request limits, the tenant's quota
-        # and the idempotency key; with no broker, the local service runs the job.
         with open_runtime(settings) as runtime:
             caller = Caller(tenant=settings.local_tenant)
-            job_id, _ = submit(runtime, caller, request, idempotency_key=idempotency_key)
-            settle()  # what the submission loaded stays; the wait collects as usual
-            if no_wait:
-                typer.echo(job_id)
-                return
-            _wait_and_print(runtime.jobs, job_id, format, wait_s, keep=runtime.keep_service)
+            return submit(runtime, caller, request, idempotency_key=idempotency_key)[0]
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     except (redis.RedisError, OperationalError) as exc:
         raise fail(f"broker or job state store unreachable: {exc}", code=1) from exc
+
+
+def _wait(job_id: str, fmt: OutputFormat, timeout: float | None) -> None:
+    """Wait for the job (the local service restarted if it stops meanwhile), print it."""
+    import redis
+
+    from webctx.api.runtime import Runtime
+    from webctx.cli.common import state_stores
+    from webctx.settings import get_settings
+
+    settings = get_settings()
+    wait_s = timeout if timeout is not None else settings.job_timeout_s + 30
+    runtime = Runtime(settings, state_stores(settings))
+    try:
+        _wait_and_print(runtime.jobs, job_id, fmt, wait_s, keep=runtime.keep_service)
+    except WebctxError as exc:
+        raise fail(str(exc), code=1) from exc
+    except redis.RedisError as exc:
+        raise fail(f"job state store unreachable: {exc}", code=1) from exc
+    finally:
+        runtime.stores.close()
 
 
 def _poller(
