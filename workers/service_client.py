@@ -198,10 +198,12 @@ def spawn_service(data_dir: Path) -> subprocess.Popen[bytes]:
 
 def settings_fingerprint(environ: dict[str, str]) -> str:
     """A digest of the settings in `environ` (WEBCTX_*, CELERY_*, OPENAI_*; not the data
-    directory, which names the service): the service records its own."""
+    directory, which names the service, nor the CELERY_LOG_* variables a Celery worker
+    writes into its own environment as it starts): the service records its own."""
     prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
     items = sorted((k, v) for k, v in environ.items()
-                   if k.startswith(prefixes) and k != "WEBCTX_DATA_DIR")  # fmt: skip
+                   if k.startswith(prefixes) and k != "WEBCTX_DATA_DIR"
+                   and not k.startswith("CELERY_LOG_"))  # fmt: skip
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
 
 

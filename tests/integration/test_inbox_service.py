@@ -43,6 +43,9 @@ def test_research_with_a_service_running_is_submitted_by_it_and_prints_the_bundl
                     "--idempotency-key", "k1")  # fmt: skip
     assert other.returncode == 1 and "Idempotency-Key already used" in other.stderr
     assert _submitted_by_service(data_dir) == before + 2
+    # The service, its worker started, did not take itself for one with other settings
+    # than its own (its worker writes CELERY_LOG_* into its environment).
+    assert "other settings" not in (data_dir / "service.log").read_text()
 
 
 def test_a_request_the_service_refuses_prints_the_commands_own_error(

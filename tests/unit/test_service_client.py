@@ -56,3 +56,6 @@ def test_the_settings_fingerprint_ignores_the_data_directory_and_other_variables
     same = service_client.settings_fingerprint
     assert same(base) == same({**base, "WEBCTX_DATA_DIR": "/elsewhere", "HOME": "/other"})
     assert same(base) != same({**base, "OPENAI_BASE_URL": "http://b/v1"})
+    # What a Celery worker sets in its own environment as it starts: the service's worker
+    # did, and then found itself running "with other settings" than its own.
+    assert same(base) == same({**base, "CELERY_LOG_LEVEL": "20", "CELERY_LOG_REDIRECT": "1"})
