@@ -209,6 +209,20 @@ class IndexStore(VectorStore, IndexWriter, IndexReader, Protocol):
 
 
 @runtime_checkable
+class GroupFlushable(Protocol):
+    """A store whose writes become durable at its flush (qdrant-edge), so that one flush
+    can make many writes durable; a store without it makes each write durable itself."""
+
+    def upsert_unflushed(self, points: Sequence[StoredChunk]) -> None:
+        """`upsert`, searchable on return but durable only after the next `flush`."""
+        ...
+
+    def flush(self) -> None:
+        """Make every write so far durable."""
+        ...
+
+
+@runtime_checkable
 class Optimizable(Protocol):
     """A store whose engine builds its search graphs only when asked (qdrant-edge)."""
 

@@ -286,6 +286,16 @@ def _stop_heartbeat(**_: Any) -> None:
         _heartbeat.pop().stop()
 
 
+@signals.worker_shutdown.connect(weak=False)
+@signals.worker_process_shutdown.connect(weak=False)
+def _flush_writes(**_: Any) -> None:
+    """A worker (or a prefork child) stopping makes the store's pending writes durable and
+    marks their pages stored (webctx/jobs/group_flush.py); a killed one leaves them to be
+    stored again."""
+    if has_deps():
+        worker_deps().engine.flush_writes()
+
+
 def broker_priority(priority: int | None) -> int | None:
     """The broker's priority for a webctx priority: 0 (served first, interactive jobs'
     default) to 9 (batch items), as on Redis; AMQP serves the highest number first."""

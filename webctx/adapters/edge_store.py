@@ -12,11 +12,13 @@ is safe to call from many threads: it synchronises internally, and holds the GIL
 works, so calls do not run in parallel; a lock guards only creation and close.
 
 A write is durable when the call returns: every write flushes the shards it changed before
-returning (about 8 ms for a page's points). Shards are created without the engine's
-write-ahead log, which would write each update twice and keep its open 32 MB segment in the
-worker's memory; the store's writes come a page at a time, where a flush per write is
-cheap. A shard created with a log by an earlier webctx keeps it (the engine fixes the choice
-at creation); the same flushes keep that log from growing with everything ever stored.
+returning (about 8 ms for a page's points), except `upsert_unflushed`, which a research
+job's store step uses so that one flush makes many pages durable
+(webctx/jobs/group_flush.py). Shards are created without the engine's write-ahead log,
+which would write each update twice and keep its open 32 MB segment in the worker's
+memory; the store's writes come a page at a time, and a flush follows them within seconds.
+A shard created with a log by an earlier webctx keeps it (the engine fixes the choice at
+creation); the same flushes keep that log from growing with everything ever stored.
 """
 
 from __future__ import annotations
@@ -145,11 +147,23 @@ class EdgeVectorStore:
 
     def upsert(self, points: Sequence[StoredChunk]) -> None:
         """Insert or overwrite points by id; the first upsert fixes the dimension."""
+        self.upsert_unflushed(points)
+        self.flush()  # durable on return
+
+    def upsert_unflushed(self, points: Sequence[StoredChunk]) -> None:
+        """`upsert` without its flush: searchable at once, durable at the next `flush`
+        (a process killed before it loses the write)."""
         if not points:
             return
         shard = self._current() or self._create_once(len(points[0].vector))
-        _keep_marks_upsert(shard, [(p.id, list(p.vector), point_payload(p)) for p in points])
-        _engine(shard.flush)  # durable on return
+        _keep_marks_upsert(shard, [(p.id, p.vector, point_payload(p)) for p in points])
+
+    def flush(self) -> None:
+        """Make every write so far durable. The engine holds the GIL throughout (8 ms to
+        over 100 ms with the disk busy): the whole process waits."""
+        shard = self._current()
+        if shard is not None:
+            _engine(shard.flush)
 
     def search(
         self,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from webctx.errors import TransientError, WebctxError
 from webctx.jobs.caches import PageCache, SearchCache, StoredPages
 from webctx.jobs.fanin import FanIn
+from webctx.jobs.group_flush import GroupFlush
 from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobStore
 from webctx.models import Page
@@ -23,6 +24,7 @@ from webctx.protocols import (
     ConditionalFetcher,
     Embedder,
     EmbeddingCache,
+    GroupFlushable,
     PdfReader,
     Renderer,
     SearchProvider,
@@ -69,6 +71,7 @@ class Engine:
     """Reads PDFs (in a sandbox); None: PDFs fail `unsupported_content`."""
     _store: VectorStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
+    _group_flush: GroupFlush | None = None
 
     @property
     def store(self) -> VectorStore:
@@ -85,12 +88,41 @@ class Engine:
                     empty = False
                 if empty:
                     self.stored.forget_store()
+                if isinstance(store, GroupFlushable):
+                    self._group_flush = GroupFlush(store)
                 self._store = store
             return self._store
 
+    def after_durable(self, then: Callable[[], None]) -> bool:
+        """Have `then` run once the store's writes so far are durable, after the next group
+        flush (webctx/jobs/group_flush.py); False, and nothing done, for a store whose each
+        write is durable on return (the caller runs `then` itself)."""
+        flusher = self._group_flush
+        if flusher is None:
+            return False
+        flusher.after_flush(then)
+        return True
+
+    @property
+    def defers_flush(self) -> bool:
+        """True when the store's writes are made durable by a group flush."""
+        _ = self.store
+        return self._group_flush is not None
+
+    def flush_writes(self) -> None:
+        """Make the store's pending writes durable now, and run what waited for that (a
+        worker shutting down)."""
+        flusher = self._group_flush
+        if flusher is not None:
+            flusher.flush_now()
+
     def close_store(self) -> None:
-        """Close the vector store if it was opened (the embedded engine holds a lock)."""
+        """Close the vector store if it was opened (the embedded engine holds a lock),
+        after the group flush of its pending writes."""
         with self._store_lock:
+            flusher, self._group_flush = self._group_flush, None
+            if flusher is not None:
+                flusher.close()
             close = getattr(self._store, "close", None)
             if callable(close):
                 close()

@@ -68,12 +68,15 @@ def embed_page(
     return EmbeddedPage(chunks, outcome.vectors, cost)
 
 
-def store_page(embedded: EmbeddedPage, *, store: VectorStore, url: str, model: str) -> int:
-    """Upsert an embedded page's chunks (idempotent by point id); how many were written."""
+def store_page(
+    embedded: EmbeddedPage, *, store: VectorStore, url: str, model: str, durable: bool = True
+) -> int:
+    """Upsert an embedded page's chunks (idempotent by point id); how many were written.
+    With `durable` False, a store that flushes leaves them to its next flush."""
     if not embedded.chunks:
         return 0
     points = make_points(embedded.chunks, embedded.vectors, url=url, model=model)
-    return store_chunks(store, points)
+    return store_chunks(store, points, durable=durable)
 
 
 def index_page(

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 
 from webctx.models import Chunk, ScoredChunk, StoredChunk
-from webctx.protocols import VectorStore
+from webctx.protocols import GroupFlushable, VectorStore
 
 # uuid5(NAMESPACE_URL, "https://github.com/webctx/webctx#point"), written out because it is
 # fixed forever: changing it re-keys every stored point and duplicates the whole store.
@@ -74,12 +74,20 @@ def make_points(
 
 
 def store_chunks(
-    store: VectorStore, points: Sequence[StoredChunk], *, batch_size: int = UPSERT_BATCH
+    store: VectorStore,
+    points: Sequence[StoredChunk],
+    *,
+    batch_size: int = UPSERT_BATCH,
+    durable: bool = True,
 ) -> int:
-    """Upsert points in bounded batches; returns how many were written."""
+    """Upsert points in bounded batches; returns how many were written. With `durable`
+    False, a store that flushes (GroupFlushable) leaves them to its next flush."""
+    upsert = store.upsert
+    if not durable and isinstance(store, GroupFlushable):
+        upsert = store.upsert_unflushed
     # Bounded batches keep one request under a server's body limit (1536-dim JSON ~30 KB/point).
     for start in range(0, len(points), batch_size):
-        store.upsert(points[start : start + batch_size])
+        upsert(points[start : start + batch_size])
     return len(points)
 
 
