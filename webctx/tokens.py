@@ -8,6 +8,7 @@ directly, the cl100k tokenizer costs about 35 MB and 20 ms, once per process."""
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import sys
@@ -108,9 +109,25 @@ def _pieces(text: str) -> list[str]:
 
 
 def count_tokens(text: str) -> int:
-    """Number of cl100k_base tokens in `text`."""
+    """Number of cl100k_base tokens in `text`.
+
+    Chunk-sized texts are remembered (the last few thousand): a chunk is counted when it
+    is cut, again when its embedding request is packed and again under the rate limit,
+    and the tokenizer holds the GIL while it counts."""
+    if len(text) > _REMEMBERED_CHARS:
+        return _count(text)
+    return _count_remembered(text)
+
+
+_REMEMBERED_CHARS = 4_000
+
+
+def _count(text: str) -> int:
     enc = encoding()
     return sum(enc.count(piece) for piece in _pieces(_utf8(text)))
+
+
+_count_remembered = functools.lru_cache(maxsize=8192)(_count)
 
 
 VOCABULARY = 100_256

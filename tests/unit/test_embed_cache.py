@@ -13,7 +13,7 @@ from tests.conftest import redis_url
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.jobs.embed_cache import PREFIX, RedisEmbeddingCache, cache_key
 from webctx.protocols import Embeddings
-from webctx.stages.embed import CachedEmbedOutcome, embed_with_cache
+from webctx.stages.embed import CachedEmbedOutcome, cache_text, embed_with_cache
 from webctx.tokens import count_tokens
 
 
@@ -98,3 +98,15 @@ def test_only_unseen_chunks_are_sent(r: redis.Redis) -> None:
     out = run(["old two", "new", "old one"], embedder, cache)
     assert embedder.sent == ["new"]
     assert out.cache_hits == 2 and len(out.vectors) == 3
+
+
+def test_the_cache_key_text_collapses_every_unicode_whitespace_run_as_before() -> None:
+    # cache_text moved from a regex (\s+ -> " ", stripped) to str.split: every key ever
+    # written must come out the same, or the cache would miss it.
+    import re
+
+    spaces = [chr(c) for c in range(0x3000 + 1) if chr(c).isspace()]
+    texts = ["  a \t b\n\nc  ", "\u00a0x\u2003y\u3000", "".join(spaces) + "z" + "".join(spaces),
+             "no-space", ""]  # fmt: skip
+    for text in texts:
+        assert cache_text(text) == re.sub(r"\s+", " ", text).strip()

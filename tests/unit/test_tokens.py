@@ -21,6 +21,12 @@ def test_ids_and_counts_are_cl100k() -> None:
     assert tokens.decode([15339, 1917]) == "hello world"
 
 
+def test_remembered_counts_equal_fresh_ones_for_short_and_long_texts() -> None:
+    texts = ["hello world", "héllo wörld " * 30, "x" * 3999, "word " * 2000]
+    for text in texts * 2:  # the second round reads what the first remembered
+        assert tokens.count_tokens(text) == tokens._count(text)
+
+
 def test_special_token_text_in_a_page_counts_as_plain_text() -> None:
     assert tokens.count_tokens("a <|endoftext|> b") == len(tokens.encode("a <|endoftext|> b")) > 3
 

@@ -159,6 +159,24 @@ def test_point_id_is_a_stable_uuid5_of_content_offsets_and_model() -> None:
     assert first not in others and len(others) == 4
 
 
+def test_point_ids_are_exactly_the_uuid5_every_stored_point_was_keyed_by() -> None:
+    # point_id computes uuid5 by hand; a single differing id would duplicate a page's
+    # points in every store written before.
+    import random
+    import uuid
+
+    from webctx.stages.store import POINT_NAMESPACE
+
+    draw = random.Random(5)
+    for model in (MODEL, "text-embedding-3-small", "modèle:ünïcode/1", ""):
+        for _ in range(200):
+            sha_ = f"{draw.getrandbits(256):064x}"
+            start = draw.randrange(10**6)
+            end = start + draw.randrange(1, 5000)
+            expected = uuid.uuid5(POINT_NAMESPACE, f"{sha_}:{start}:{end}:{model}")
+            assert point_id(sha_, start, end, model) == str(expected)
+
+
 def test_make_points_refuses_mismatched_lengths() -> None:
     with pytest.raises(ValueError, match="2 chunks but 1 vectors"):
         make_points(make_chunks("a", 2), [[1.0]], url="https://a.test/", model=MODEL)

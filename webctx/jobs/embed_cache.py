@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import redis
 
 from webctx.stages.embed import cache_text
+
+if TYPE_CHECKING:  # numpy loads where vectors are handled
+    import numpy as np
 
 PREFIX = "webctx:emb:"
 
@@ -67,10 +71,18 @@ class RedisEmbeddingCache:
         """Store each text's vector with the cache TTL (one pipelined round trip)."""
         if len(texts) != len(vectors):
             raise ValueError("one vector per text")
-        import numpy as np
-
         with self._client.pipeline(transaction=False) as pipe:
-            for text, vector in zip(texts, vectors, strict=True):
-                value = np.asarray(vector, dtype="<f4").tobytes()
-                pipe.set(cache_key(model, dimensions, text), value, ex=self.ttl_s)
+            for text, vector in zip(texts, _rows(vectors), strict=True):
+                pipe.set(cache_key(model, dimensions, text), vector.tobytes(), ex=self.ttl_s)
             pipe.execute()
+
+
+def _rows(vectors: Sequence[Sequence[float]]) -> list[np.ndarray]:
+    """Each vector as little-endian float32: one conversion of the whole batch when all
+    have one length (a page's), else one per vector."""
+    import numpy as np
+
+    try:
+        return list(np.asarray(vectors, dtype="<f4"))
+    except ValueError:  # ragged: vectors of different lengths
+        return [np.asarray(v, dtype="<f4") for v in vectors]
