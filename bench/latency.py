@@ -250,7 +250,11 @@ def start_service(env: dict[str, str], data: Path, *, timeout_s: float = 60.0) -
     and the service is idle (what it loads in the background once ready, such as the
     embeddings client, is loaded), as a service running for a while would be."""
     cmd = [sys.executable, "-m", "webctx.cli", "service", "start"]
-    done = subprocess.run(cmd, env=env, capture_output=True, check=True, cwd=ROOT, text=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, check=False, cwd=ROOT, text=True)
+    if done.returncode != 0:
+        log = data / "service.log"
+        raise SystemExit(f"webctx service start: exit {done.returncode}: {done.stderr[-2000:]}\n"
+                         f"{log.read_text()[-3000:] if log.exists() else ''}")  # fmt: skip
     pid = int(json.loads(done.stdout)["pid"])
     log, deadline = data / "service.log", time.monotonic() + timeout_s
     while b" ready." not in (log.read_bytes() if log.exists() else b""):
