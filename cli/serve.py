@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
 from webctx.cli.common import OutputFormat, fail
 from webctx.errors import WebctxError
-from webctx.settings import get_settings
+from webctx.settings import Settings, get_settings
 
 
 def worker(ctx: typer.Context) -> None:
@@ -21,12 +22,12 @@ def worker(ctx: typer.Context) -> None:
     task it may revoke (an index search nobody consumed) expires, and mingle held every start
     for a second asking for neighbours.
     """
-    settings = get_settings()
+    args = list(ctx.args)
+    settings = apply_concurrency(args)
     if settings.embedded:
         raise fail("set CELERY_BROKER_URL: a worker needs a broker to take jobs from")
     from webctx.workers.app import app
 
-    args = list(ctx.args)
     if not any(a.startswith(("--pool", "-P")) for a in args):
         args += ["--pool", "threads"]
     if not any(a.startswith(("--concurrency", "-c")) for a in args):
@@ -46,6 +47,36 @@ def worker(ctx: typer.Context) -> None:
     code = celery_cli.main(args=["worker", *args], standalone_mode=False)
     if code:
         raise typer.Exit(code)
+
+
+def concurrency_arg(args: Sequence[str]) -> int | None:
+    """The thread count given to Celery (`-c N`, `-cN`, `--concurrency N`,
+    `--concurrency=N`), or None."""
+    for i, arg in enumerate(args):
+        value: str | None = None
+        if arg in ("-c", "--concurrency"):
+            value = args[i + 1] if i + 1 < len(args) else None
+        elif arg.startswith("--concurrency="):
+            value = arg.partition("=")[2]
+        elif arg.startswith("-c") and not arg.startswith("--"):
+            value = arg[2:]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None  # Celery says what is wrong with it
+    return None
+
+
+def apply_concurrency(args: Sequence[str]) -> Settings:
+    """The settings, with a thread count given on the command line as the worker's
+    concurrency: the fetch pool is sized from it (one download per thread in flight), and
+    would otherwise stay at WEBCTX_WORKER_CONCURRENCY's."""
+    given = concurrency_arg(args)
+    if given is not None and given > 0 and given != get_settings().worker_concurrency:
+        os.environ["WEBCTX_WORKER_CONCURRENCY"] = str(given)
+        get_settings.cache_clear()
+    return get_settings()
 
 
 def demo(

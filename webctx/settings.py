@@ -45,8 +45,8 @@ class FetchSettings(_Group):
     concurrency: int = 32
     """Simultaneous downloads of one fetcher (its connection pool holds twice as many, for
     robots.txt and tdmrep.json alongside). A worker's fetcher takes at least the worker's
-    threads (`WEBCTX_WORKER_CONCURRENCY`): below them a job's fetches queued for a free
-    connection (docs/benchmarks.md, `latency`)."""
+    threads (`WEBCTX_WORKER_CONCURRENCY`, or `webctx worker -c N`): below them a job's
+    fetches queued for a free connection (docs/benchmarks.md, `latency`)."""
     extract_timeout_s: float = 15.0
     """Extraction of one page gives up after this long."""
     product_token: str = Field(default="webctx", pattern=r"^[A-Za-z_-]+$")

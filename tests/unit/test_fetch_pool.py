@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
 from starlette.types import Receive, Scope, Send
 
 from webctx.devweb.server import LoopbackServer
@@ -97,3 +98,33 @@ def test_more_worker_threads_than_fetch_concurrency_widen_the_pool_with_them() -
     settings = _settings(worker_concurrency=48)
     assert settings.fetch.concurrency < 48
     assert _fetch_together(settings, 48) == 48
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-c", "48"], ["-c48"], ["--concurrency", "48"], ["--concurrency=48"],
+     ["-Q", "fetch", "-c", "48"]],  # fmt: skip
+)
+def test_a_worker_given_more_threads_on_its_command_line_widens_its_fetch_pool_with_them(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webctx.cli.serve import apply_concurrency, concurrency_arg
+    from webctx.settings import get_settings
+
+    monkeypatch.delenv("WEBCTX_WORKER_CONCURRENCY", raising=False)
+    get_settings.cache_clear()
+    try:
+        assert concurrency_arg(args) == 48
+        assert apply_concurrency(args).worker_concurrency == 48  # what the fetcher is built from
+        settings = _settings(worker_concurrency=get_settings().worker_concurrency)
+        assert _fetch_together(settings, 48) == 48
+    finally:
+        monkeypatch.delenv("WEBCTX_WORKER_CONCURRENCY", raising=False)
+        get_settings.cache_clear()
+
+
+def test_a_worker_without_a_thread_count_keeps_the_settings() -> None:
+    from webctx.cli.serve import concurrency_arg
+
+    assert concurrency_arg(["-Q", "fetch", "--pool", "threads"]) is None
+    assert concurrency_arg(["-c", "many"]) is None
