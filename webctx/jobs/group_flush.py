@@ -52,16 +52,19 @@ class GroupFlush:
         self._thread.start()
 
     def after_flush(self, then: Callable[[], None]) -> None:
-        """Run `then` once every write made before this call is durable."""
+        """Run `then` once every write made before this call is durable (after a flush of
+        its own, at once, once the group flush is closed: a worker shutting down)."""
         with self._changed:
-            if self._closed:
-                raise RuntimeError("group flush closed")
-            now = self._clock()
-            if not self._waiting:
-                self._first = now
-            self._last = now
-            self._waiting.append(then)
-            self._changed.notify()
+            closed = self._closed
+            if not closed:
+                now = self._clock()
+                if not self._waiting:
+                    self._first = now
+                self._last = now
+                self._waiting.append(then)
+                self._changed.notify()
+        if closed:
+            self._flush([then])
 
     def pending(self) -> int:
         """How many callers wait for the next flush."""
@@ -75,7 +78,7 @@ class GroupFlush:
         self._flush(taken)
 
     def close(self) -> None:
-        """Flush what waits, then stop the thread (a closed group flush takes no writes)."""
+        """Flush what waits, then stop the thread (later writes are flushed one by one)."""
         with self._changed:
             self._closed = True
             self._changed.notify()

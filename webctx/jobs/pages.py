@@ -210,9 +210,9 @@ def _store_staged(engine: Engine, job_id: str, url_id: str, page: Page, retry: R
                            extra={"job_id": job_id, "url": page.url})  # fmt: skip
             embedded = _embed(engine, page)
             _count_embedding(engine, job_id, embedded.outcome)
-        deferred = engine.defers_flush
         written = store_page(embedded, store=engine.store, url=page.final_url,
-                             model=engine.embedder.model, durable=not deferred)  # fmt: skip
+                             model=engine.embedder.model,
+                             durable=not engine.defers_flush)  # fmt: skip
     except TransientError as exc:
         retry(exc)
         record_failure(engine, job_id, url_id, page.url, "store", exc)
@@ -229,7 +229,7 @@ def _store_staged(engine: Engine, job_id: str, url_id: str, page: Page, retry: R
         engine.staging.drop(page.content_sha256)
 
     # The job's rank searches the points already; only the mark waits for the flush.
-    if not (deferred and engine.after_durable(durable)):
+    if not engine.after_durable(durable):
         durable()
     engine.jobs.add_counts(job_id, chunks=written)
 
