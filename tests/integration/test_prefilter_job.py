@@ -66,10 +66,10 @@ def _glacier_page(n: int) -> str:
 
 @pytest.fixture(scope="module")
 def glacier_web() -> Iterator[LoopbackWeb]:
-    """Three glacier pages; the third answers after 2.5 s (the others are in by then)."""
+    """Three glacier pages; the third answers after 4 s (the others are in by then)."""
     text = "Aletsch glacier retreat Rhone valley ledger survey ice front"
     extra = {
-        f"/glacier/{n}.html": (SitePage(body=_glacier_page(n), delay_s=2.5 if n == 2 else 0.0),
+        f"/glacier/{n}.html": (SitePage(body=_glacier_page(n), delay_s=4.0 if n == 2 else 0.0),
                                f"Aletsch glacier retreat ledger {n}", text)
         for n in range(3)
     }  # fmt: skip
@@ -84,7 +84,11 @@ def test_a_prefiltered_jobs_pages_are_embedded_as_they_arrive_and_rank_embeds_th
     web_env = {
         **glacier_web.env(),
         "WEBCTX_FETCH__TOTAL_TIMEOUT_S": "10",
-        "WEBCTX_FETCH__READ_TIMEOUT_S": "5",
+        "WEBCTX_FETCH__READ_TIMEOUT_S": "6",
+        # The three pages share a host: unpaced, the fast two are in at once whichever
+        # page is asked first (paced 1 s apart, a fast page could come 0.5 s before the
+        # slow one, too short for its embedding on a loaded machine: CI saw 0 ahead).
+        "WEBCTX_FETCH__PER_HOST_DELAY_S": "0",
     }  # the slow page must not time out
     env = clean_env(
         **web_env, CELERY_BROKER_URL=redis_url(), WEBCTX_QDRANT_PATH=str(tmp_path / "q"),
