@@ -19,7 +19,7 @@ from webctx.stages.rank import (
     ranks_in_order,
     rrf,
 )
-from webctx.stages.sparse import bm25_scores
+from webctx.stages.sparse import bm25_scores, query_terms, term_counts
 
 
 def _texts(scored: list[ScoredChunk]) -> list[str]:
@@ -241,6 +241,18 @@ def test_bm25_prefers_rare_question_terms_and_ignores_case() -> None:
     assert scores[0] > scores[1] > 0.0
     assert scores[0] > scores[2]
     assert bm25_scores("anything", []) == []
+
+
+def test_bm25_takes_a_texts_counts_given_ahead_instead_of_counting_it() -> None:
+    question = "Where was the TREATY signed?"
+    texts = ["The treaty was signed in Utrecht in 1713.", "The war ended.", "The the the."]
+    terms = query_terms(question)
+    ahead = {t: term_counts(t, terms) for t in texts[:2]}
+    assert bm25_scores(question, texts, counted=ahead) == bm25_scores(question, texts)
+    # Counts given for the war's text are what BM25 reads of it: now it names the treaty.
+    told = {texts[1]: (3, {"treaty": 1, "signed": 1})}
+    plain, scores = bm25_scores(question, texts), bm25_scores(question, texts, counted=told)
+    assert scores[1] > 3 * plain[1] > 0.0
 
 
 def test_rrf_adds_reciprocal_ranks_and_tied_scores_share_a_rank() -> None:

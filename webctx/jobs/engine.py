@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from webctx.errors import TransientError, WebctxError
 from webctx.jobs.caches import PageCache, SearchCache, StoredPages
+from webctx.jobs.counts_ahead import CountsAhead
 from webctx.jobs.fanin import FanIn
 from webctx.jobs.group_flush import GroupFlush
 from webctx.jobs.staging import ChunkStaging
@@ -69,6 +70,8 @@ class Engine:
     """The browser of this process (launched on first use); None: none installed."""
     pdf: PdfReader | None = None
     """Reads PDFs (in a sandbox); None: PDFs fail `unsupported_content`."""
+    counts_ahead: CountsAhead = field(default_factory=CountsAhead)
+    """The BM25 term counts of jobs' chunks, counted as their pages were embedded here."""
     _store: VectorStore | None = None
     _store_lock: threading.Lock = field(default_factory=threading.Lock)
     _group_flush: GroupFlush | None = None

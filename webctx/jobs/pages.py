@@ -191,6 +191,9 @@ def _embed_and_stage(engine: Engine, job_id: str, url_id: str, page: Page, retry
     if not embedded.chunks:  # no text to store: the page is settled as stored
         engine.stored.mark(page.content_sha256, 0)
         return False
+    # For its rank's BM25, now rather than after the last page (webctx/jobs/counts_ahead.py).
+    engine.counts_ahead.count(job_id, [c.text for c in embedded.chunks],
+                              lambda: engine.jobs.request(job_id).question)  # fmt: skip
     return True
 
 

@@ -148,7 +148,7 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
                 top_k=request.top_k, token_budget=request.token_budget,
                 embedding=engine.settings.embed, cache=engine.cache, limiter=engine.limiter,
                 question_vector=_question_ahead(engine, job_id, request.question),
-                retrievals=jobs.retrievals(job_id),
+                retrievals=jobs.retrievals(job_id), counted=engine.counts_ahead.take(job_id),
             )  # fmt: skip
     except TransientError as exc:
         retry(exc)

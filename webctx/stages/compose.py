@@ -16,6 +16,7 @@ from webctx.stages.chunk import chunk_page
 from webctx.stages.embed import CachedEmbedOutcome, embed_texts, embed_with_cache
 from webctx.stages.prefilter import select_candidates
 from webctx.stages.rank import RRF_K, fuse_lexical, rank_chunks, ranks_by_score, rrf
+from webctx.stages.sparse import TermCounts
 from webctx.stages.store import make_points, store_chunks, vector_lookup
 
 
@@ -154,10 +155,12 @@ def retrieve_candidates(
     cache: EmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
     question_vector: Sequence[float] | None = None,
+    counted: Mapping[str, TermCounts] | None = None,
 ) -> list[ScoredChunk]:
     """Embed the question (unless its vector is given, already accounted for), pull the
     job's nearest chunks (without their vectors: `vector_lookup` gets the few that ranking
-    needs), fuse cosine and BM25 ranks."""
+    needs), fuse cosine and BM25 ranks (`counted`: chunks' BM25 term counts counted
+    earlier)."""
     if question_vector is None:
         outcome = _embed_chunks([question], embedder, embedding, cache, limiter)
         _count(stats, outcome)
@@ -170,7 +173,8 @@ def retrieve_candidates(
     )
     kept = [c for c in found if c.chunk.content_sha256 in pages]
     # A point's stored url is whichever job wrote it last; cite this job's URL.
-    return fuse_lexical(question, kept, urls={sha: p.url for sha, p in pages.items()})
+    urls = {sha: p.url for sha, p in pages.items()}
+    return fuse_lexical(question, kept, urls=urls, counted=counted)
 
 
 def answer_question(
@@ -190,12 +194,13 @@ def answer_question(
     limiter: RedisRateLimiter | None = None,
     question_vector: Sequence[float] | None = None,
     retrievals: Mapping[str, Retrieval] | None = None,
+    counted: Mapping[str, TermCounts] | None = None,
 ) -> Bundle:
     """Retrieve and fuse the job's chunks (`retrieve_candidates`), pack them, cite."""
     candidates = retrieve_candidates(
         question=question, pages=pages, stats=stats, embedder=embedder, store=store,
         top_k=top_k, embedding=embedding, cache=cache, limiter=limiter,
-        question_vector=question_vector,
+        question_vector=question_vector, counted=counted,
     )  # fmt: skip
     ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget,
                          vectors=vector_lookup(store, embedder.model))  # fmt: skip

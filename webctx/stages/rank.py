@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from webctx.models import ScoredChunk
-from webctx.stages.sparse import bm25_scores
+from webctx.stages.sparse import TermCounts, bm25_scores
 
 _Vector = npt.NDArray[np.float64]
 T = TypeVar("T", bound=Hashable)
@@ -88,16 +88,18 @@ def fuse_lexical(
     *,
     k: int = RRF_K,
     urls: Mapping[str, str] | None = None,
+    counted: Mapping[str, TermCounts] | None = None,
 ) -> list[ScoredChunk]:
     """Candidates re-scored by reciprocal rank fusion of their cosine and the question's BM25;
     with `urls` (content hash -> URL), each also cites its page's URL there (in the same
-    copy: rank copies thousands of candidates).
+    copy: rank copies thousands of candidates). `counted`: the candidates' BM25 term
+    counts counted earlier, by text (`bm25_scores`).
 
     BM25 is computed over the candidates themselves, so the job's chunks should all be
     candidates. Dense retrieval alone misses exact names and numbers the question spells
     out; BM25 alone misses paraphrase (bench/answer_recall.py).
     """
-    lexical = bm25_scores(question, [c.chunk.text for c in candidates])
+    lexical = bm25_scores(question, [c.chunk.text for c in candidates], counted=counted)
     fused = rrf([ranks_by_score([c.score for c in candidates]), ranks_by_score(lexical)], k=k)
     out = []
     for i, c in enumerate(candidates):

@@ -19,7 +19,7 @@ import hashlib
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -72,20 +72,47 @@ def idf(n_docs: int, doc_freq: int) -> float:
     return math.log(1 + (n_docs - doc_freq + 0.5) / (doc_freq + 0.5))
 
 
-def bm25_scores(query: str, texts: Sequence[str], *, k1: float = K1, b: float = B) -> list[float]:
-    """Okapi BM25 of each text for `query`, document frequencies taken over `texts`."""
-    if not texts:
-        return []
-    terms = set(_WORD.findall(query.lower()))
+TermCounts = tuple[int, dict[str, int]]
+"""A text's number of words and how often each of a query's terms occurs in it (those that
+do): what BM25 reads of a text."""
+
+
+def query_terms(query: str) -> frozenset[str]:
+    """The distinct lower-cased words of a query: the terms BM25 counts."""
+    return frozenset(_WORD.findall(query.lower()))
+
+
+def term_counts(text: str, terms: Collection[str]) -> TermCounts:
+    """The words of `text` and its counts of `terms` (from `query_terms`)."""
     # Lower-cased before splitting (one call per text, not per word: a third of the time of
     # ranking a job's candidates went to per-word lower()), and only the query's terms
     # counted, each by a list scan in C (a Counter of every word took half as long again).
+    found = _WORD.findall(text.lower())
+    return len(found), {term: count for term in terms if (count := found.count(term))}
+
+
+def bm25_scores(
+    query: str,
+    texts: Sequence[str],
+    *,
+    k1: float = K1,
+    b: float = B,
+    counted: Mapping[str, TermCounts] | None = None,
+) -> list[float]:
+    """Okapi BM25 of each text for `query`, document frequencies taken over `texts`.
+    `counted`: texts' `term_counts` for this query's terms, counted earlier (a job's chunks
+    as its pages were embedded); the others are counted here. Counting is nearly all of
+    the time: ~35 us a 256-token chunk, ~90 ms for a 20-source job's candidates."""
+    if not texts:
+        return []
+    terms = query_terms(query)
+    known = counted or {}
     docs: list[dict[str, int]] = []
     lengths: list[int] = []
     for text in texts:
-        found = _WORD.findall(text.lower())
-        lengths.append(len(found))
-        docs.append({term: count for term in terms if (count := found.count(term))})
+        length, doc = known.get(text) or term_counts(text, terms)
+        lengths.append(length)
+        docs.append(doc)
     avg = sum(lengths) / len(docs) or 1.0
     n = len(docs)
     weights = {term: idf(n, sum(1 for d in docs if term in d)) for term in terms}
