@@ -5,6 +5,7 @@ worker process: its collaborators (`worker_deps`, built once), what its job stor
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -248,9 +249,28 @@ def warms_embedder(queues: set[str], pool_cls: type) -> bool:
 def _warm_embedder(**_: Any) -> None:
     """Once consuming, build the embedder's client in the background (the OpenAI client
     costs ~0.5 s of CPU to import): at start it would delay the job's first tasks, which
-    need none, and the first embed then finds it built."""
+    need none, and the first embed then finds it built. Then what the worker loaded is
+    left out of the collector's full collections (`freeze_loaded`)."""
     if _warm_on_ready and _warm_on_ready[0]:
-        threading.Thread(target=warm_embedder, name="embedder-warm", daemon=True).start()
+        threading.Thread(target=_warm_then_freeze, name="embedder-warm", daemon=True).start()
+    else:
+        freeze_loaded()
+
+
+def _warm_then_freeze() -> None:
+    warm_embedder()
+    freeze_loaded()
+
+
+def freeze_loaded() -> None:
+    """Move every object alive now (the modules, clients and tables the worker loaded,
+    ~180k objects on the local service) out of the collector's reach: a full collection
+    walked them all, 50-60 ms in the middle of a job (its rank, measured), and now walks
+    only what the tasks made since. They live as long as the process; what loading left
+    unreachable stays, rather than a collection of ~70 ms now, maybe in a job's path."""
+    gc.freeze()
+    logger.info("loaded objects left out of full collections", extra={
+        "frozen": gc.get_freeze_count()})  # fmt: skip
 
 
 def warm_embedder() -> None:

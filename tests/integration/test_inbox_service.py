@@ -45,7 +45,10 @@ def test_research_with_a_service_running_is_submitted_by_it_and_prints_the_bundl
     assert _submitted_by_service(data_dir) == before + 2
     # The service, its worker started, did not take itself for one with other settings
     # than its own (its worker writes CELERY_LOG_* into its environment).
-    assert "other settings" not in (data_dir / "service.log").read_text()
+    log = (data_dir / "service.log").read_text()
+    assert "other settings" not in log
+    # What the service loaded is out of its full collections (webctx.workers.app).
+    assert "loaded objects left out of full collections" in log
 
 
 def test_a_request_the_service_refuses_prints_the_commands_own_error(
@@ -63,4 +66,7 @@ def test_a_request_the_service_refuses_prints_the_commands_own_error(
     assert "max_sources" in handed.stderr
     too_big = run_cli(env, "research", QUESTION, "--max-sources", "100000", "--no-wait")
     assert too_big.returncode in (1, 2) and "max_sources" in too_big.stderr
+    # Words that do not parse: the service leaves them to the command's own parser.
+    unparsed = run_cli(env, "research", QUESTION, "--max-sources", "many", "--no-wait")
+    assert unparsed.returncode == 2 and unparsed.stderr.startswith("Usage:")
     assert _submitted_by_service(data_dir) == 0
