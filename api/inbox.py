@@ -7,14 +7,18 @@ client's settings, the command hands it the request on the service's Valkey, and
 service submits it exactly as the API does (`webctx.api.runtime.submit`: the request
 limits, the local tenant's quota, the idempotency key). The command loads the job store
 while the job runs, to wait for it; a request the service refuses gets the error the
-command would have printed itself.
+command would have printed itself. Before even that, the command hands over its words as
+typed (`hand_over_argv`, webctx/cli/handover.py), and the service parses them with the
+command's own definition: the command then loads its parser while the job runs.
 
 On the service's Valkey, over plain RESP (webctx/workers/resp.py: the client has not
 loaded redis-py):
-- the client RPUSHes one JSON item, {"request", "idempotency_key", "reply", "expires"},
-  on `webctx:inbox` (renewing the list's TTL) and BLPOPs the item's reply key;
+- the client RPUSHes one JSON item, {"request", "idempotency_key", "reply", "expires"}
+  (or {"argv", "definition", "reply", "expires"}), on `webctx:inbox` (renewing the list's
+  TTL) and BLPOPs the item's reply key;
 - the service's inbox thread BLPOPs the list, submits, and LPUSHes {"job_id"} or
-  {"error", "code"} on the reply key (TTL: REPLY_TTL_S);
+  {"error", "code"} on the reply key (TTL: REPLY_TTL_S), or {"unparsed": true} for words
+  it does not parse (nothing submitted);
 - a client whose item was not taken within TAKE_S removes it (LREM): removed, nothing was
   submitted and it submits by itself; gone, the service holds it and answers;
 - an item the service takes past its `expires` is answered {"expired": true}, not
@@ -29,6 +33,8 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,14 +68,29 @@ def hand_over(
     """The service's answer to `request` ({"job_id"} or {"error", "code"}), or None when no
     service with an inbox runs for `data_dir` with this process's settings, or it did not
     take the request in `take_s` (then nothing was submitted)."""
+    return _hand(data_dir, {"request": request, "idempotency_key": idempotency_key}, take_s)
+
+
+def hand_over_argv(
+    data_dir: Path, argv: list[str], *, definition: str, take_s: float = TAKE_S
+) -> dict[str, Any] | None:
+    """Hand the service a `webctx research` command line as typed, before this process has
+    loaded the command line's parser (typer and pydantic, ~0.1 s): the service parses it
+    with the same command's definition (`definition`: which file defined it, and its
+    version) and submits it. Its answer as `hand_over`'s, or {"unparsed": true} when it
+    did not parse it (another definition, a usage error: nothing was submitted, the
+    command parses and says why)."""
+    return _hand(data_dir, {"argv": argv, "definition": definition}, take_s)
+
+
+def _hand(data_dir: Path, fields: dict[str, Any], take_s: float) -> dict[str, Any] | None:
     info = running_service(data_dir)
     if info is None or info.inbox != INBOX_KEY:
         return None
     if info.settings != settings_fingerprint(dict(os.environ)):
         return None  # it would submit under other limits: the command submits itself
     reply = f"{REPLY_PREFIX}{uuid.uuid4().hex}"
-    item = json.dumps({"request": request, "idempotency_key": idempotency_key,
-                       "reply": reply, "expires": time.time() + take_s})  # fmt: skip
+    item = json.dumps({**fields, "reply": reply, "expires": time.time() + take_s})
     try:
         with RespConnection(info.socket) as conn:
             conn.call("RPUSH", INBOX_KEY, item)
@@ -96,10 +117,29 @@ def validation_problems(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
-def serve_inbox(settings: Settings, socket: str, stop: threading.Event) -> None:
-    """The service's inbox thread: take handed requests and answer them until `stop`."""
+@dataclass(frozen=True)
+class CommandLines:
+    """How the service reads a handed `webctx research` command line (the command line
+    layer's): `parse` (the command line, the client's definition) -> (the request, the
+    idempotency key), or None when it does not parse here; `warm` loads what parsing
+    needs (~80 ms the first time), called once the service is first idle."""
+
+    parse: Callable[[Any, Any], tuple[dict[str, Any], str | None] | None]
+    warm: Callable[[], None]
+
+
+def serve_inbox(
+    settings: Settings,
+    socket: str,
+    stop: threading.Event,
+    *,
+    command_lines: CommandLines | None = None,
+) -> None:
+    """The service's inbox thread: take handed requests (and command lines, with
+    `command_lines`) and answer them until `stop`."""
     from webctx.api.runtime import open_runtime
 
+    warm = command_lines.warm if command_lines is not None else None
     with open_runtime(settings) as runtime:
         while not stop.is_set():
             try:
@@ -108,13 +148,18 @@ def serve_inbox(settings: Settings, socket: str, stop: threading.Event) -> None:
                     while not stop.is_set():
                         popped = conn.call("BLPOP", INBOX_KEY, POP_S, timeout_s=POP_S + 10)
                         if isinstance(popped, list) and isinstance(popped[1], bytes):
-                            _answer(conn, runtime, popped[1])
+                            _answer(conn, runtime, popped[1], command_lines)
+                        elif warm is not None:  # idle for POP_S: not while the worker starts
+                            warm()
+                            warm = None
             except OSError:  # Valkey restarting or gone: the service ends or it comes back
                 logger.warning("inbox: the service's Valkey is unreachable", exc_info=True)
                 stop.wait(1.0)
 
 
-def _answer(conn: RespConnection, runtime: Runtime, raw: bytes) -> None:
+def _answer(
+    conn: RespConnection, runtime: Runtime, raw: bytes, command_lines: CommandLines | None
+) -> None:
     try:
         item = json.loads(raw)
         reply = str(item["reply"])
@@ -127,6 +172,11 @@ def _answer(conn: RespConnection, runtime: Runtime, raw: bytes) -> None:
         # Its client has stopped waiting: it submits by itself, once it reads this.
         logger.info("inbox: a request taken too late was left to its client")
         answer: dict[str, Any] = {"expired": True}
+    elif "argv" in item:
+        parsed = None
+        if command_lines is not None:
+            parsed = command_lines.parse(item["argv"], item.get("definition"))
+        answer = {"unparsed": True} if parsed is None else submit_handed(runtime, *parsed)
     else:
         answer = submit_handed(runtime, item.get("request"), item.get("idempotency_key"))
     conn.call("LPUSH", reply, json.dumps(answer))

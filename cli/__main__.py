@@ -1,5 +1,5 @@
 """`python -m webctx.cli ...`: the `webctx` command."""
 
-from webctx.cli.main import main
+from webctx.cli.main import entry
 
-main()
+entry()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -76,12 +79,12 @@ def research(
     ] = None,
 ) -> None:
     """Research a question and print its cited context bundle."""
-    options = {"question": question, "max_sources": max_sources, "top_k": top_k,
-               "token_budget": token_budget, "max_queries": max_queries,
-               "include_domains": include_domains or [],
-               "exclude_domains": exclude_domains or [], "recency_days": recency_days,
-               "max_age": max_age, "stale_if_error": stale_if_error}  # fmt: skip
-    job_id = _hand_to_service(options, idempotency_key)
+    options = _options(question=question, max_sources=max_sources, top_k=top_k,
+                       token_budget=token_budget, max_queries=max_queries,
+                       include_domains=include_domains, exclude_domains=exclude_domains,
+                       recency_days=recency_days, max_age=max_age,
+                       stale_if_error=stale_if_error)  # fmt: skip
+    job_id = _handed.pop() if _handed else _hand_to_service(options, idempotency_key)
     if job_id is None:
         job_id = _submit(_request(options), idempotency_key)
     settle()  # what the submission loaded stays; the wait collects as usual
@@ -89,6 +92,63 @@ def research(
         typer.echo(job_id)
         return
     _wait(job_id, format, timeout)
+
+
+def _options(
+    *,
+    question: str,
+    max_sources: int,
+    top_k: int,
+    token_budget: int,
+    max_queries: int,
+    include_domains: Sequence[str] | None,
+    exclude_domains: Sequence[str] | None,
+    recency_days: int | None,
+    max_age: int | None,
+    stale_if_error: bool,
+) -> dict[str, Any]:
+    """The job request of `webctx research`'s options, as JSON."""
+    return {"question": question, "max_sources": max_sources, "top_k": top_k,
+            "token_budget": token_budget, "max_queries": max_queries,
+            "include_domains": list(include_domains or []),
+            "exclude_domains": list(exclude_domains or []), "recency_days": recency_days,
+            "max_age": max_age, "stale_if_error": stale_if_error}  # fmt: skip
+
+
+_handed: list[str] = []
+"""The job the running service submitted from this command's words (webctx/cli/handover.py)."""
+
+
+def request_of_argv(argv: Any, definition: Any) -> tuple[dict[str, Any], str | None] | None:
+    """The request and idempotency key of `webctx research` with the words `argv`, parsed
+    by this command's definition (in the local service, for a command that handed its
+    words over: webctx/cli/handover.py); None unless they parse here, with the client's
+    own definition of the command, into a request (help and usage errors included)."""
+    from webctx.cli.handover import HELP
+    from webctx.cli.handover import definition as this_definition
+
+    words = argv if isinstance(argv, list) and all(isinstance(w, str) for w in argv) else None
+    if words is None or HELP & set(words) or definition != this_definition():
+        return None
+    try:
+        params = _research_command().make_context("research", list(words)).params
+    except Exception:  # noqa: BLE001 - any refusal: the command parses and says why
+        return None
+    names = inspect.signature(_options).parameters
+    return _options(**{n: params[n] for n in names}), params["idempotency_key"]
+
+
+def warm_research_parser() -> None:
+    """Parse a command line once: the first parse builds a validator per option (~80 ms)."""
+    from webctx.cli.handover import definition
+
+    with contextlib.suppress(OSError):
+        request_of_argv(["warm"], definition())
+
+
+@functools.cache
+def _research_command() -> Any:
+    return typer.main.get_command(research_cli()).get_command(None, "research")  # type: ignore[attr-defined]
 
 
 def _hand_to_service(options: dict[str, Any], idempotency_key: str | None) -> str | None:
@@ -242,9 +302,12 @@ def bundle(
     print_bundle(found, format)
 
 
-def research_cli() -> typer.Typer:
+def research_cli(*, handed: str | None = None) -> typer.Typer:
     """The command line with `research` alone: `webctx research` loads no other command's
-    modules before its job is submitted (webctx.cli.main)."""
+    modules before its job is submitted (webctx.cli.main). `handed`: the job the local
+    service submitted from the command's words already (webctx/cli/handover.py)."""
+    if handed is not None:
+        _handed.append(handed)
     app = typer.Typer(add_completion=False)
 
     @app.callback()

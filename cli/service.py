@@ -27,7 +27,8 @@ def service_run() -> None:
     _local()
     from functools import partial
 
-    from webctx.api.inbox import INBOX_KEY, serve_inbox
+    from webctx.api.inbox import INBOX_KEY, CommandLines, serve_inbox
+    from webctx.cli.jobs import request_of_argv, warm_research_parser
     from webctx.logging import configure_logging
     from webctx.workers.service import run_service
 
@@ -38,7 +39,10 @@ def service_run() -> None:
     import webctx.api.runtime  # noqa: F401
     import webctx.workers.app  # noqa: F401
 
-    raise typer.Exit(run_service(settings, inbox=(INBOX_KEY, partial(serve_inbox, settings))))
+    # The inbox reads `webctx research` command lines as typed, too (webctx/cli/handover.py).
+    lines = CommandLines(parse=request_of_argv, warm=warm_research_parser)
+    inbox = partial(serve_inbox, settings, command_lines=lines)
+    raise typer.Exit(run_service(settings, inbox=(INBOX_KEY, inbox)))
 
 
 @service.command("start")

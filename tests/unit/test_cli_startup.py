@@ -76,3 +76,16 @@ def test_every_other_command_collects_while_it_works() -> None:
     seen = _main("status", "job-1")
     assert seen["exit"] == 1
     assert seen["collecting in the command"] is True and seen["frozen"] > 10_000
+
+
+def test_research_leaves_at_once_with_its_output_and_exit_code() -> None:
+    # `entry` ends a finished `webctx research` with os._exit: what it printed must still
+    # reach its reader, and its exit code too.
+    env = {**os.environ, "CELERY_BROKER_URL": "redis://127.0.0.1:9/0"}
+    command = [sys.executable, "-m", "webctx.cli", "research"]
+    helped = subprocess.run([*command, "--help"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert helped.returncode == 0 and "Usage" in helped.stdout and helped.stdout.endswith("\n")
+    refused = subprocess.run([*command, "   "], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.startswith("error: invalid request")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import redis
 
 from tests.conftest import ROOT
 from webctx.api.inbox import INBOX_KEY, REPLY_PREFIX, _answer, hand_over
+from webctx.cli.handover import definition
 from webctx.workers.resp import RespConnection, RespError
 from webctx.workers.service_client import ADDRESS_FILE, LOCK_FILE, settings_fingerprint
 from webctx.workers.state_server import state_server_url
@@ -119,7 +120,7 @@ def test_a_request_taken_too_late_is_answered_expired_and_never_submitted(
             popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
             assert isinstance(popped, list) and isinstance(popped[1], bytes)
             time.sleep(0.5)
-            _answer(conn, Runtime(), popped[1])  # type: ignore[arg-type]
+            _answer(conn, Runtime(), popped[1], None)  # type: ignore[arg-type]
 
     thread = threading.Thread(target=late_service, daemon=True)
     thread.start()
@@ -155,6 +156,71 @@ def test_research_hands_over_before_loading_redis_celery_or_the_settings(
     heavy = {"redis", "celery", "kombu", "pydantic_settings", "webctx.settings",
              "webctx.models", "webctx.jobs.store", "webctx.api.runtime"}  # fmt: skip
     assert loaded and heavy & loaded == set()
+
+
+def _serve_each(
+    socket: str,
+    answers: list[dict[str, Any]],
+    *,
+    on_take: Callable[[dict[str, Any]], None] = lambda item: None,
+) -> threading.Thread:
+    """Play the service for several items: take each, call `on_take`, answer it in turn."""
+
+    def run() -> None:
+        with RespConnection(socket) as conn:
+            for answer in answers:
+                popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
+                assert isinstance(popped, list) and isinstance(popped[1], bytes)
+                taken.append(json.loads(popped[1]))
+                on_take(taken[-1])
+                conn.call("LPUSH", taken[-1]["reply"], json.dumps(answer))
+
+    taken: list[dict[str, Any]] = []
+    thread = threading.Thread(target=run, daemon=True)
+    thread.taken = taken  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def test_research_hands_over_its_words_before_its_command_line_parser_loads(
+    data_dir: Path, valkey: str, tmp_path: Path
+) -> None:
+    imports = tmp_path / "imports.txt"
+    loaded_at_take: list[set[str]] = []
+
+    def on_take(item: dict[str, Any]) -> None:  # the client waits on its reply meanwhile
+        loaded_at_take.append({line.split("|")[-1].strip()
+                               for line in imports.read_text().splitlines()})  # fmt: skip
+
+    service = _serve_each(valkey, [{"job_id": "job-9"}], on_take=on_take)
+    argv = ["why?", "--max-sources", "3", "--no-wait", "--include-domain", "a.org"]
+    with imports.open("w") as err:
+        command = [sys.executable, "-X", "importtime", "-m", "webctx.cli", "research", *argv]
+        done = subprocess.run(command, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
+                              stderr=err, text=True, timeout=60)  # fmt: skip
+    service.join(5)
+    assert done.returncode == 0, imports.read_text()[-3000:]
+    assert done.stdout.strip() == "job-9"  # parsed afterwards: --no-wait holds
+    (item,) = service.taken  # type: ignore[attr-defined]
+    assert item["argv"] == argv and item["definition"] == definition()
+    (loaded,) = loaded_at_take
+    assert "webctx.api.inbox" in loaded
+    assert {"typer", "pydantic", "webctx.cli.jobs"} & loaded == set()
+
+
+def test_words_the_service_does_not_parse_are_parsed_and_handed_over_by_the_command(
+    data_dir: Path, valkey: str
+) -> None:
+    service = _serve_each(valkey, [{"unparsed": True}, {"job_id": "job-8"}])
+    done = subprocess.run(
+        [sys.executable, "-m", "webctx.cli", "research", "why?", "--top-k", "7", "--no-wait"],
+        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    service.join(5)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "job-8"
+    words, parsed = service.taken  # type: ignore[attr-defined]
+    assert "argv" in words and parsed["request"]["top_k"] == 7
 
 
 def test_a_refused_request_gets_the_services_error_and_exit_code(

@@ -61,7 +61,7 @@ def test_the_console_script_and_the_licence_are_declared(
     archive = wheel[0]
     info = next(n.rsplit("/", 1)[0] for n in archive.namelist() if n.endswith("/METADATA"))
     entry_points = archive.read(f"{info}/entry_points.txt").decode()
-    assert "webctx = webctx.cli.main:main" in entry_points
+    assert "webctx = webctx.cli.main:entry" in entry_points
     metadata = archive.read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata
     assert f"{info}/licenses/LICENSE" in archive.namelist()

@@ -1,0 +1,52 @@
+"""`webctx research` handed to the running local service as typed, before the command
+line's parser loads (webctx/api/inbox.py, `hand_over_argv`).
+
+Parsing the command line costs the command ~0.1 s before its job can start: importing
+typer (which imports pydantic) and its first parse (pydantic builds a validator per
+option). The local service has both loaded already, and the same definition of the
+command: so the command hands it the words it was given, the service parses them as the
+command would and submits, and the command loads its parser while the job runs, to wait
+for it and print it. A command line the service does not parse (a usage error, another
+version of webctx) is handed back untouched: the command parses it and says why, or
+hands over the request it parsed, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import webctx
+
+HELP = frozenset({"--help", "-h"})
+RESEARCH_MODULE = Path(__file__).with_name("jobs.py")
+"""The file that defines `webctx research` (its options and their defaults)."""
+
+
+def definition(path: Path = RESEARCH_MODULE) -> str:
+    """Which definition of the command this process has: webctx's version and the
+    defining file's size and modification time (a reinstalled or edited webctx differs)."""
+    stat = path.stat()
+    return f"{webctx.__version__}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def hand_over_early(argv: list[str]) -> str | None:
+    """The job id when the running local service took `webctx research` with `argv` (the
+    words after `research`), else None: no service runs, a broker is set, the words ask
+    for help, or the service did not parse them (the command goes on as before). A
+    request the service parsed and refused ends the command with the service's error, as
+    `webctx.cli.common.fail` prints one."""
+    from webctx.api.inbox import hand_over_argv
+    from webctx.workers.service_client import local_data_dir
+
+    data_dir = local_data_dir(dict(os.environ))
+    if data_dir is None or HELP & set(argv):
+        return None
+    answer = hand_over_argv(data_dir, argv, definition=definition())
+    if answer is None or answer.get("unparsed"):
+        return None
+    if "job_id" in answer:
+        return str(answer["job_id"])
+    sys.stderr.write(f"error: {answer.get('error')}\n")
+    raise SystemExit(int(answer.get("code") or 1))
