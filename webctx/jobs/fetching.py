@@ -29,7 +29,8 @@ from webctx.jobs.freshness import Freshness, freshness_for, retrieval
 from webctx.jobs.rendering import TO_RENDER, ToRender, always_rendered, render_refusal
 from webctx.jobs.reservations import download_opt_outs, marked, refused_copy
 from webctx.jobs.steps import record_failure
-from webctx.models import Failure, Page, Retrieval
+from webctx.models import Failure, JobRequest, Page, Retrieval
+from webctx.settings import Settings
 from webctx.stages.fetch import extract_page
 
 logger = logging.getLogger(__name__)
@@ -39,25 +40,35 @@ CLAIM_ATTEMPTS = 3
 
 def job_freshness(engine: Engine, job_id: str) -> Freshness:
     """The job's freshness contract: its request under the configured windows."""
+    return _freshness(engine, job_id)[0]
+
+
+def _freshness(engine: Engine, job_id: str) -> tuple[Freshness, bool]:
+    """The job's freshness contract, and whether it reads the caches (`reads_caches`),
+    each of the job's facts read once: a fetch task's every round trip to the job store
+    waits its turn among twenty tasks' at a job's start."""
     settings, jobs = engine.settings, engine.jobs
+    request, batch = jobs.request(job_id), jobs.batch_of(job_id)
+    reads = reads_caches(settings, request, batch)
     index_s = settings.index.max_age_s if settings.state_url() else 0.0
-    return freshness_for(jobs.request(job_id), created_at=jobs.created_at(job_id),
-                         cache_ttl_s=engine.page_cache.ttl_s, index_max_age_s=index_s,
-                         cache_by_default=reads_caches(engine, job_id))  # fmt: skip
+    fresh = freshness_for(request, created_at=jobs.created_at(job_id),
+                          cache_ttl_s=engine.page_cache.ttl_s, index_max_age_s=index_s,
+                          cache_by_default=reads)  # fmt: skip
+    return fresh, reads
 
 
 def fetch_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page | ToRender | None:
     """The page of `url` for the job (saved in the job store), TO_RENDER when a browser
     must render it (`webctx.jobs.rendering`), or None with the failure recorded."""
     jobs, cache = engine.jobs, engine.page_cache
-    fresh = job_freshness(engine, job_id)
+    fresh, reads = _freshness(engine, job_id)
     indexed = _indexed_copy(engine, job_id, url, fresh, fresh.index_max_age_s)
     if indexed is not None:  # no download; its embed is an idempotent upsert (cache hits)
         page, checked_at = indexed
         jobs.add_counts(job_id, index_reused=1)
         jobs.save_page(job_id, url_id, page, retrieval("index", checked_at))
         return page
-    if not reads_caches(engine, job_id):  # no waiting on others' downloads
+    if not reads:  # no waiting on others' downloads
         wants_copy = fresh.cache_max_age_s > 0  # only when the request names a max_age
         cached = _cached_page(engine, job_id, url_id, url, fresh) if wants_copy else None
         return cached or _download(engine, job_id, url_id, url, fresh)
@@ -76,16 +87,13 @@ def fetch_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page | 
     return _download(engine, job_id, url_id, url, fresh)  # the claims keep failing: go alone
 
 
-def reads_caches(engine: Engine, job_id: str) -> bool:
+def reads_caches(settings: Settings, request: JobRequest, batch: str | None) -> bool:
     """Whether the job takes pages and search results from the caches: batch items do,
     and so do the embedded default's interactive jobs not limited to recent pages (asking
     the same question again, from any local client, then downloads and embeds nothing).
     Interactive jobs in broker mode fetch anew, as they did before, unless their request
     names a `max_age`."""
-    jobs = engine.jobs
-    if jobs.batch_of(job_id):
-        return True
-    return engine.settings.embedded and jobs.request(job_id).recency_days is None
+    return bool(batch) or (settings.embedded and request.recency_days is None)
 
 
 def _indexed_copy(

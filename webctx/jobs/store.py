@@ -385,13 +385,14 @@ class JobStore:
     # -- stage timing -----------------------------------------------------------------------
     def mark_stage(self, job_id: str, stage: str, *, start: bool) -> None:
         """Record the first start and the latest end of a stage."""
-        key = self._k(job_id, "times")
-        now = f"{time.time():.3f}"
+        key, now = self._k(job_id, "times"), f"{time.time():.3f}"
+        pipe = self._redis.pipeline(transaction=False)  # one round trip: tasks mark often
         if start:
-            self._redis.hsetnx(key, f"{stage}:start", now)
+            pipe.hsetnx(key, f"{stage}:start", now)
         else:
-            self._redis.hset(key, f"{stage}:end", now)
-        self._redis.expire(key, self.ttl_s)
+            pipe.hset(key, f"{stage}:end", now)
+        self._expire(pipe, key)
+        pipe.execute()
 
     def stage_seconds(self, job_id: str) -> dict[str, float]:
         """Wall time of each stage, from its first start to its last end."""
