@@ -347,12 +347,17 @@ def build_engine(
         return stores.records.confirmed_copy(tenant, url, max_age_s=max_age_s,
                                              model=embedder.model)  # fmt: skip
 
+    fetcher = build_fetcher(settings, state=state)
+    # The local service runs a job's every task in its one process: the search that
+    # chooses the URLs readies their hosts for its own fetch tasks. A broker's search
+    # worker would ask hosts for workers that do not share what it learns.
+    warm = getattr(fetcher, "warm_origins", None) if settings.embedded else None
     return Engine(
         settings=settings,
         jobs=stores.jobs,
-        fanin=FanIn(stores.jobs, start),
+        fanin=FanIn(stores.jobs, start, warm=warm),
         search=search,
-        fetcher=build_fetcher(settings, state=state),
+        fetcher=fetcher,
         embedder=embedder,
         plan=build_planner(settings),
         page_cache=stores.page_cache(ttl_s=settings.page_cache_ttl_s),

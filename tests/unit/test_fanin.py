@@ -62,6 +62,17 @@ def test_the_last_search_chooses_the_urls_and_starts_their_fetches_once(jobs: Jo
     assert started.stages() == ["fetch"]
 
 
+def test_the_chosen_urls_are_readied_before_their_fetches_start(jobs: JobStore) -> None:
+    order: list[object] = []
+    fanin = FanIn(jobs, lambda stage, args: order.append(stage),
+                  warm=lambda urls: order.append(sorted(urls)))  # fmt: skip
+    job = jobs.create(JobRequest(question="q", max_sources=1))
+    jobs.set_queries(job, ["a"])
+    jobs.save_search(job, 0, [_result("https://a.test/1")])
+    fanin.searched(job, 0)
+    assert order == [["https://a.test/1"], "fetch"]
+
+
 def test_no_result_at_all_fails_the_job_with_the_reason(jobs: JobStore) -> None:
     started = Started()
     job = jobs.create(JobRequest(question="q"))

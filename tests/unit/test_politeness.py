@@ -162,6 +162,28 @@ def test_fetcher_honours_robots_and_fetches_it_once_per_origin(
     assert hits["/public"] == 1
 
 
+def test_origins_readied_ahead_are_asked_once_and_their_pages_fetched_without_asking(
+    site: tuple[LoopbackServer, collections.Counter[str]],
+) -> None:
+    server, hits = site
+    fetcher = polite_fetcher()
+    try:
+        # 127.0.0.2 is outside the policy: the guard refuses it, nothing is sent there.
+        fetcher.warm_origins([f"{server.url}/public", f"{server.url}/private/page",
+                              "http://127.0.0.2:9/x", "not a url"])  # fmt: skip
+        asked = ("/robots.txt", "/.well-known/tdmrep.json")
+        deadline = time.monotonic() + 10
+        while sum(hits[p] for p in asked) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [hits[p] for p in asked] == [1, 1] and hits["/public"] == 0
+        fetcher.fetch(f"{server.url}/public")
+        with pytest.raises(BlockedURL, match="robots.txt"):
+            fetcher.fetch(f"{server.url}/private/page")
+        assert [hits[p] for p in asked] == [1, 1] and hits["/private/page"] == 0
+    finally:
+        fetcher.close()
+
+
 def test_fetcher_applies_crawl_delay_between_requests(
     site: tuple[LoopbackServer, collections.Counter[str]],
 ) -> None:

@@ -33,7 +33,7 @@ import logging
 import queue
 import time
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -191,6 +191,30 @@ class HttpxFetcher:
         finally:
             for task in tasks:
                 task.cancel()
+
+    def warm_origins(self, urls: Sequence[str]) -> None:
+        """Ask the origins of `urls` for robots.txt and tdmrep.json now, without waiting:
+        the fetches of those URLs, started soon after, find the answers cached or under
+        way instead of asking first (a round trip to each host before its page). A URL the
+        guard refuses is left to its fetch, which says why."""
+        if self._politeness is not None and urls:
+            self._loop.submit(self._warm_origins(self._politeness, list(urls)))
+
+    async def _warm_origins(self, polite: Politeness, urls: list[str]) -> None:
+        if self._client is None:  # on the loop's thread: no race
+            self._client = self._new_client()
+        asks: list[Awaitable[object]] = []
+        for url in urls:
+            try:
+                target = checked_url(url)
+            except FetchError:
+                continue
+            origin = f"{target.scheme}://{target.netloc.decode('ascii')}"
+            if polite.respect_robots and polite.robots.get(origin) is None:
+                asks.append(self._robots.rules(polite, self._client, origin))
+            if polite.tdmrep.get(origin) is None:
+                asks.append(self._tdmrep.rules(polite, self._client, origin))
+        await asyncio.gather(*asks, return_exceptions=True)  # a fetch reports its own
 
     def close(self) -> None:
         """Close kept-alive connections, stop the loop, release the DNS threads (a lookup

@@ -33,9 +33,13 @@ layer's; tasks carry ids only)."""
 class FanIn:
     """Starts each stage of a job's tasks when its fan-in completes."""
 
-    def __init__(self, jobs: JobStore, start: Start) -> None:
+    def __init__(
+        self, jobs: JobStore, start: Start, *, warm: Callable[[Sequence[str]], None] | None = None
+    ) -> None:
         self.jobs = jobs
         self.start = start
+        self.warm = warm
+        """Readies the fetches of URLs about to be fetched (their hosts' robots.txt)."""
 
     def planned(self, job_id: str, *, queries: int, question_ahead: bool) -> None:
         """The queries are planned: one search each, and the question's embedding ahead
@@ -59,6 +63,8 @@ class FanIn:
             exclude_domains=request.exclude_domains,
         )
         chosen = [r.url for r in merged[: request.max_sources]]
+        if chosen and self.warm is not None:
+            self.warm(chosen)  # while the fetch tasks are sent and start
         if not chosen:
             error = _no_results_error(self.jobs.failures(job_id))
             # Like a job whose every page failed: a bundle listing why, then the status.
