@@ -122,10 +122,11 @@ class CommandLines:
     """How the service reads a handed `webctx research` command line (the command line
     layer's): `parse` (the command line, the client's definition) -> (the request, the
     idempotency key), or None when it does not parse here; `warm` loads what parsing
-    needs (~80 ms the first time), called once the service is first idle."""
+    needs (~80 ms the first time) when no task runs, True once it did: asked each time
+    the inbox has been idle for POP_S, until then."""
 
     parse: Callable[[Any, Any], tuple[dict[str, Any], str | None] | None]
-    warm: Callable[[], None]
+    warm: Callable[[], bool]
 
 
 def serve_inbox(
@@ -149,8 +150,7 @@ def serve_inbox(
                         popped = conn.call("BLPOP", INBOX_KEY, POP_S, timeout_s=POP_S + 10)
                         if isinstance(popped, list) and isinstance(popped[1], bytes):
                             _answer(conn, runtime, popped[1], command_lines)
-                        elif warm is not None:  # idle for POP_S: not while the worker starts
-                            warm()
+                        elif warm is not None and warm():  # not while a job runs
                             warm = None
             except OSError:  # Valkey restarting or gone: the service ends or it comes back
                 logger.warning("inbox: the service's Valkey is unreachable", exc_info=True)

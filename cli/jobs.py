@@ -138,12 +138,19 @@ def request_of_argv(argv: Any, definition: Any) -> tuple[dict[str, Any], str | N
     return _options(**{n: params[n] for n in names}), params["idempotency_key"]
 
 
-def warm_research_parser() -> None:
-    """Parse a command line once: the first parse builds a validator per option (~80 ms)."""
+def warm_research_parser() -> bool:
+    """Parse a command line once, unless one of this worker's tasks is running (True once
+    done): the first parse builds a validator per option (~80 ms of the interpreter, which
+    a job's tasks share)."""
+    from celery.worker import state
+
     from webctx.cli.handover import definition
 
+    if state.active_requests:
+        return False
     with contextlib.suppress(OSError):
         request_of_argv(["warm"], definition())
+    return True
 
 
 @functools.cache

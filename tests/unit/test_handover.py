@@ -46,3 +46,20 @@ def test_words_of_another_definition_of_the_command_are_left_to_it(tmp_path: Pat
     assert definition(other) != definition()
     assert request_of_argv(["why?"], definition(other)) is None
     assert request_of_argv(["why?"], None) is None
+
+
+def test_the_parser_is_warmed_only_while_no_task_runs() -> None:
+    from celery.worker import state
+
+    from webctx.cli.jobs import warm_research_parser
+
+    class Request:  # what the worker holds for a running task (weakly)
+        pass
+
+    running = Request()
+    state.active_requests.add(running)  # type: ignore[arg-type]
+    try:
+        assert warm_research_parser() is False
+    finally:
+        state.active_requests.discard(running)  # type: ignore[arg-type]
+    assert warm_research_parser() is True
