@@ -254,12 +254,23 @@ def _warm_embedder(**_: Any) -> None:
     if _warm_on_ready and _warm_on_ready[0]:
         threading.Thread(target=_warm_then_freeze, name="embedder-warm", daemon=True).start()
     else:
+        _start_extraction()
         freeze_loaded()
 
 
 def _warm_then_freeze() -> None:
     warm_embedder()
+    _start_extraction()
     freeze_loaded()
+
+
+def _start_extraction() -> None:
+    """Start the extraction's child processes, where there are some (the local service:
+    webctx/adapters/extract_children.py); pages are extracted in their tasks' threads
+    until one is ready."""
+    start = getattr(worker_deps().engine.html, "start", None)
+    if callable(start):
+        start()
 
 
 def freeze_loaded() -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from webctx.adapters.extract_children import ExtractionChildren
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.errors import BlockedURL, ConfigError, InvalidRequest
 from webctx.index.page_records import PageRecords
@@ -119,6 +120,8 @@ class Deps:
         """Close the vector store if it was opened (the embedded engine holds a lock), and
         the browser if one was launched."""
         self.engine.close_store()
+        if isinstance(self.engine.html, ExtractionChildren):
+            self.engine.html.close()
         close = getattr(self.engine.renderer, "close", None)
         if callable(close):
             close()
@@ -372,6 +375,9 @@ def build_engine(
         limiter=build_limiter(settings),
         renderer=build_renderer(settings),
         pdf=build_pdf_reader(settings),
+        # The local service's tasks share one interpreter: pages are extracted on the
+        # other core (started once the worker is ready: webctx.workers.app).
+        html=ExtractionChildren(1) if settings.embedded else None,
     )
 
 

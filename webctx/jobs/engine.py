@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from webctx.errors import TransientError, WebctxError
 from webctx.jobs.caches import PageCache, SearchCache, StoredPages
@@ -32,6 +33,9 @@ from webctx.protocols import (
     VectorStore,
 )
 from webctx.settings import Settings
+
+if TYPE_CHECKING:  # the extraction (trafilatura) loads where pages are fetched, not in clients
+    from webctx.stages.fetch import HtmlExtractor
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ class Engine:
     """The browser of this process (launched on first use); None: none installed."""
     pdf: PdfReader | None = None
     """Reads PDFs (in a sandbox); None: PDFs fail `unsupported_content`."""
+    html: HtmlExtractor | None = None
+    """Extracts HTML pages in child processes when one is idle (the local service)."""
     counts_ahead: CountsAhead = field(default_factory=CountsAhead)
     """The BM25 term counts of jobs' chunks, counted as their pages were embedded here."""
     _store: VectorStore | None = None

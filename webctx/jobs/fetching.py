@@ -178,9 +178,8 @@ def _download(
             how = retrieval("revalidated", page.fetched_at)
         else:
             jobs.add_counts(job_id, pages_downloaded=1)
-            page = extract_page(
-                download, timeout_s=engine.settings.fetch.extract_timeout_s, pdf=engine.pdf
-            )
+            page = extract_page(download, timeout_s=engine.settings.fetch.extract_timeout_s,
+                                pdf=engine.pdf, html=engine.html)  # fmt: skip
             how = retrieval("live", page.fetched_at)
             if always_rendered(engine, url) and page.page_starts is None:  # a PDF is no shell
                 return TO_RENDER

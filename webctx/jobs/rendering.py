@@ -62,7 +62,7 @@ def render_for_job(engine: Engine, job_id: str, url_id: str, url: str) -> Page |
             raise NeedsRender(url, f"the page is rendered by script; {NeedsRender.INSTALL_HINT}")
         download = renderer.render(url)
         page = extract_page(download, timeout_s=engine.settings.fetch.extract_timeout_s,
-                            rendered=True)  # fmt: skip
+                            rendered=True, html=engine.html)  # fmt: skip
     except FetchError as exc:
         jobs.add_counts(job_id, pages_rendered=1)
         record_failure(engine, job_id, url_id, url, "render", exc)

@@ -77,16 +77,23 @@ def fetch_page(
     return extract_page(fetcher.fetch(url), timeout_s=extract_timeout_s, pdf=pdf)
 
 
+HtmlExtractor = Callable[[str, str, float], "tuple[str, _Meta] | None"]
+"""(html, url, timeout_s) -> what `_extract_html` returns, extracted elsewhere (a child
+process: webctx/adapters/extract_children.py), or None: extract it here."""
+
+
 def extract_page(
     download: Download,
     *,
     timeout_s: float = 15.0,
     rendered: bool = False,
     pdf: PdfReader | None = None,
+    html: HtmlExtractor | None = None,
 ) -> Page:
     """The main text and metadata of a download; raises ExtractionError (UnreadablePdf),
     BlockedURL, NeedsRender for a script-rendered shell (unless the download is already
-    `rendered`), or UnsupportedContent for a PDF when there is no `pdf` reader."""
+    `rendered`), or UnsupportedContent for a PDF when there is no `pdf` reader. `html`
+    extracts an HTML page elsewhere when it can."""
     media = download.content_type.split(";")[0].strip().lower()
     if media == "application/pdf":
         if pdf is None:
@@ -97,7 +104,8 @@ def extract_page(
     if media == "text/plain":
         text, meta = strip_invisible(source.strip()), _Meta()
     else:
-        text, meta = _call_with_timeout(
+        found = html(source, download.final_url, timeout_s) if html is not None else None
+        text, meta = found or _call_with_timeout(
             lambda: _extract_html(source, download.final_url), timeout_s, download.url
         )
     if len(text) < MIN_TEXT_CHARS and not rendered and media != "text/plain":
