@@ -48,16 +48,22 @@ def _address(data_dir: Path, socket: str, **extra: Any) -> None:
     (data_dir / ADDRESS_FILE).write_text(json.dumps(info))
 
 
-def _serve(socket: str, answer: dict[str, Any], *, after_s: float = 0.0) -> threading.Thread:
-    """Play the service: take one item (after `after_s`), record it, answer `answer`."""
+def _serve(
+    socket: str,
+    *answers: dict[str, Any],
+    on_take: Callable[[dict[str, Any]], None] = lambda item: None,
+) -> threading.Thread:
+    """Play the service: take one item per answer, record it, call `on_take` (its client
+    waits for the reply meanwhile), answer it in turn."""
 
     def run() -> None:
-        time.sleep(after_s)
         with RespConnection(socket) as conn:
-            popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
-            assert isinstance(popped, list) and isinstance(popped[1], bytes)
-            taken.append(json.loads(popped[1]))
-            conn.call("LPUSH", taken[-1]["reply"], json.dumps(answer))
+            for answer in answers:
+                popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
+                assert isinstance(popped, list) and isinstance(popped[1], bytes)
+                taken.append(json.loads(popped[1]))
+                on_take(taken[-1])
+                conn.call("LPUSH", taken[-1]["reply"], json.dumps(answer))
 
     taken: list[dict[str, Any]] = []
     thread = threading.Thread(target=run, daemon=True)
@@ -158,30 +164,6 @@ def test_research_hands_over_before_loading_redis_celery_or_the_settings(
     assert loaded and heavy & loaded == set()
 
 
-def _serve_each(
-    socket: str,
-    answers: list[dict[str, Any]],
-    *,
-    on_take: Callable[[dict[str, Any]], None] = lambda item: None,
-) -> threading.Thread:
-    """Play the service for several items: take each, call `on_take`, answer it in turn."""
-
-    def run() -> None:
-        with RespConnection(socket) as conn:
-            for answer in answers:
-                popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
-                assert isinstance(popped, list) and isinstance(popped[1], bytes)
-                taken.append(json.loads(popped[1]))
-                on_take(taken[-1])
-                conn.call("LPUSH", taken[-1]["reply"], json.dumps(answer))
-
-    taken: list[dict[str, Any]] = []
-    thread = threading.Thread(target=run, daemon=True)
-    thread.taken = taken  # type: ignore[attr-defined]
-    thread.start()
-    return thread
-
-
 def test_research_hands_over_its_words_before_its_command_line_parser_loads(
     data_dir: Path, valkey: str, tmp_path: Path
 ) -> None:
@@ -192,7 +174,7 @@ def test_research_hands_over_its_words_before_its_command_line_parser_loads(
         loaded_at_take.append({line.split("|")[-1].strip()
                                for line in imports.read_text().splitlines()})  # fmt: skip
 
-    service = _serve_each(valkey, [{"job_id": "job-9"}], on_take=on_take)
+    service = _serve(valkey, {"job_id": "job-9"}, on_take=on_take)
     argv = ["why?", "--max-sources", "3", "--no-wait", "--include-domain", "a.org"]
     with imports.open("w") as err:
         command = [sys.executable, "-X", "importtime", "-m", "webctx.cli", "research", *argv]
@@ -211,7 +193,7 @@ def test_research_hands_over_its_words_before_its_command_line_parser_loads(
 def test_words_the_service_does_not_parse_are_parsed_and_handed_over_by_the_command(
     data_dir: Path, valkey: str
 ) -> None:
-    service = _serve_each(valkey, [{"unparsed": True}, {"job_id": "job-8"}])
+    service = _serve(valkey, {"unparsed": True}, {"job_id": "job-8"})
     done = subprocess.run(
         [sys.executable, "-m", "webctx.cli", "research", "why?", "--top-k", "7", "--no-wait"],
         cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=60,
