@@ -10,12 +10,7 @@ from typing import Annotated, Literal
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from webctx.env_names import RenamedEnvSource
 from webctx.protocols import VectorDatatype
@@ -176,6 +171,10 @@ class EmbedSettings(_Group):
     """Tokens packed into one request at most (OpenAI allows 300k)."""
     max_input_tokens: int = 8000
     """Longer inputs are truncated to this many tokens, never sent to fail."""
+    parallel_requests: int = Field(default=4, ge=1)
+    """Requests of one page in flight at once: a page of more chunks than
+    `max_inputs_per_request` needs several, and one after another each costs a round trip.
+    Each still waits for the shared rate limiter and retries on its own; 1: one at a time."""
     max_attempts: int = 6
     """Attempts per request inside a task (backoff, `retry-after` honoured) before the task itself
     is retried."""

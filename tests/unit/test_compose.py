@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
+import numpy as np
 import pytest
 
 from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.adapters.memory_store import MemoryVectorStore
+from webctx.adapters.openai_embedder import OpenAIEmbedder
+from webctx.devweb.embeddings import embeddings_control, make_embeddings_app
+from webctx.devweb.server import LoopbackServer
 from webctx.models import Bundle, BundleStats, Page
 from webctx.settings import ChunkSettings, EmbedSettings
 from webctx.stages.bundle import validate_offsets
-from webctx.stages.compose import answer_question, index_page, retrieve_candidates
+from webctx.stages.compose import answer_question, embed_page, index_page, retrieve_candidates
 from webctx.stages.rank import rank_chunks
 
 _QUESTION = "When did the glacier change?"
@@ -105,3 +112,42 @@ def test_candidates_cite_this_jobs_url_for_text_another_job_stored() -> None:
         embedder=embedder, store=store, top_k=5, embedding=EmbedSettings(),
     )  # fmt: skip
     assert candidates and {c.url for c in candidates} == {"https://this-job.example/a"}
+
+
+def test_a_long_pages_requests_to_an_endpoint_are_in_flight_together() -> None:
+    page = make_page(url="https://glacier.example/a", text=_article("glacier", paragraphs=12))
+    settings = EmbedSettings(max_inputs_per_request=4, parallel_requests=3)
+    app = make_embeddings_app(HashEmbedder().vectors, model="m", rpm=None, tpm=None,
+                              latency_s=0.2)  # fmt: skip
+    with LoopbackServer(app) as server:
+        embedder = OpenAIEmbedder(base_url=f"{server.url}/v1", api_key="k", model="m")
+        embedded = embed_page(page, embedder=embedder, chunking=ChunkSettings(),
+                              embedding=settings)  # fmt: skip
+        embedder.close()
+    stats = embeddings_control(app).stats
+    assert embedded.outcome.requests == stats.accepted >= 4
+    assert stats.most_in_flight == 3
+    expected = HashEmbedder().vectors([c.text for c in embedded.chunks])
+    np.testing.assert_allclose(embedded.vectors, expected, atol=1e-6)  # float32 on the wire
+
+
+def test_a_long_page_is_embedded_one_request_at_a_time_in_process() -> None:
+    class InProcess(HashEmbedder):
+        in_process = True
+        running = most = 0
+        lock = threading.Lock()
+
+        def vectors(self, texts: list[str]) -> list[list[float]]:
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+            time.sleep(0.02)
+            with self.lock:
+                self.running -= 1
+            return super().vectors(texts)
+
+    page = make_page(url="https://glacier.example/a", text=_article("glacier", paragraphs=12))
+    embedder = InProcess()
+    settings = EmbedSettings(max_inputs_per_request=4, parallel_requests=3)
+    embedded = embed_page(page, embedder=embedder, chunking=ChunkSettings(), embedding=settings)
+    assert embedded.outcome.requests >= 4 and embedder.most == 1

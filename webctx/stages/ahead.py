@@ -19,7 +19,7 @@ from webctx.net.ratelimit import RedisRateLimiter
 from webctx.protocols import Embedder, EmbeddingCache
 from webctx.settings import ChunkSettings, EmbedSettings, PrefilterSettings
 from webctx.stages.chunk import chunk_page
-from webctx.stages.embed import embed_with_cache
+from webctx.stages.embed import embed_with_cache, parallel_requests
 from webctx.stages.prefilter import select_candidates
 
 
@@ -85,6 +85,7 @@ def embed_ahead(
             max_inputs=embedding.max_inputs_per_request,
             max_tokens_per_request=embedding.max_tokens_per_request,
             max_input_tokens=embedding.max_input_tokens, max_attempts=1,
+            parallel=parallel_requests(embedder, embedding.parallel_requests),
         )  # fmt: skip
         done.chunks += len(part)
         done.requests += outcome.requests

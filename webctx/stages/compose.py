@@ -13,7 +13,12 @@ from webctx.protocols import Embedder, EmbeddingCache, VectorStore
 from webctx.settings import ChunkSettings, EmbedSettings, PrefilterSettings
 from webctx.stages.bundle import build_bundle
 from webctx.stages.chunk import chunk_page
-from webctx.stages.embed import CachedEmbedOutcome, embed_texts, embed_with_cache
+from webctx.stages.embed import (
+    CachedEmbedOutcome,
+    embed_texts,
+    embed_with_cache,
+    parallel_requests,
+)
 from webctx.stages.prefilter import select_candidates
 from webctx.stages.rank import RRF_K, fuse_lexical, rank_chunks, ranks_by_score, rrf
 from webctx.stages.sparse import TermCounts
@@ -115,6 +120,7 @@ def _embed_chunks(
             max_tokens_per_request=embedding.max_tokens_per_request,
             max_input_tokens=embedding.max_input_tokens,
             max_attempts=embedding.max_attempts,
+            parallel=parallel_requests(embedder, embedding.parallel_requests),
         )
         return CachedEmbedOutcome(**plain.model_dump())
     return embed_with_cache(
@@ -126,6 +132,7 @@ def _embed_chunks(
         max_tokens_per_request=embedding.max_tokens_per_request,
         max_input_tokens=embedding.max_input_tokens,
         max_attempts=embedding.max_attempts,
+        parallel=parallel_requests(embedder, embedding.parallel_requests),
     )
 
 

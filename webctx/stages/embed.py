@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
@@ -197,12 +198,15 @@ def embed_texts(
     before_request: BeforeRequest | None = None,
     base_delay_s: float = 0.5,
     max_delay_s: float = 20.0,
+    parallel: int = 1,
 ) -> EmbedOutcome:
     """One vector per text, in order, using the fewest requests the caps allow.
 
     Texts over `max_input_tokens` are truncated, never refused. `before_request(batch)` runs
-    before every attempt (a shared rate limiter can block there). Raises RateLimited or
-    ProviderUnavailable once attempts are exhausted, ProviderError at once."""
+    before every attempt (a shared rate limiter can block there). Up to `parallel` requests
+    are in flight at once, each with its own retries. Raises RateLimited or
+    ProviderUnavailable once a request's attempts are exhausted, ProviderError at once;
+    with several in flight, once the others have ended (the first error in batch order)."""
     cap = min(max_input_tokens, max_tokens_per_request)
     prepared = prepare_texts(texts, max_input_tokens=cap)
     batches = plan_batches(
@@ -210,16 +214,19 @@ def embed_texts(
     )
     vectors: list[list[float]] = [[] for _ in prepared.texts]
     outcome = EmbedOutcome(vectors=[], truncated=prepared.truncated)
-    for batch in batches:
+
+    def send(batch: Batch) -> tuple[list[list[float]], int]:
         batch_texts = [prepared.texts[i] for i in batch.indices]
         call = partial(_request, embedder, batch_texts, batch, before_request)
-        got, retries = call_with_retries(
+        return call_with_retries(
             call,
             max_attempts=max_attempts,
             sleep=sleep,
             base_delay_s=base_delay_s,
             max_delay_s=max_delay_s,
         )
+
+    for batch, (got, retries) in zip(batches, _each(send, batches, parallel), strict=True):
         for i, vector in zip(batch.indices, got, strict=True):
             vectors[i] = vector
         outcome.requests += 1
@@ -227,6 +234,25 @@ def embed_texts(
         outcome.retries += retries
     outcome.vectors = vectors
     return outcome
+
+
+def parallel_requests(embedder: Embedder, setting: int) -> int:
+    """Requests of one call to send at once: `setting`, or 1 for an embedder that computes
+    in this process (its requests would only take turns on the same cores)."""
+    return 1 if getattr(embedder, "in_process", False) else setting
+
+
+def _each(send: Callable[[Batch], T], batches: Sequence[Batch], parallel: int) -> list[T]:
+    """`send(batch)` of each batch, in order; up to `parallel` at once on threads of their
+    own (a page over the input cap needs several requests: one after another they cost a
+    round trip each). Every send ends before this returns or raises."""
+    if parallel < 1:
+        raise ConfigError("parallel requests must be at least 1")
+    if parallel == 1 or len(batches) < 2:
+        return [send(b) for b in batches]
+    with ThreadPoolExecutor(min(parallel, len(batches)), "embed-request") as pool:
+        futures = [pool.submit(send, b) for b in batches]
+    return [f.result() for f in futures]  # all ended; the first failure in batch order raises
 
 
 class CachedEmbedOutcome(EmbedOutcome):
@@ -282,6 +308,7 @@ def embed_with_cache(
     max_input_tokens: int,
     max_attempts: int,
     sleep: Callable[[float], None] = time.sleep,
+    parallel: int = 1,
 ) -> CachedEmbedOutcome:
     """`embed_texts`, but texts the cache knows are not sent (nor repeats within `texts`),
     and requests go through the shared limiter when one is given."""
@@ -305,6 +332,7 @@ def embed_with_cache(
         max_input_tokens=max_input_tokens,
         max_attempts=max_attempts,
         sleep=sleep,
+        parallel=parallel,
     )
     if cache is not None and misses:
         cache.set_many(embedder.model, dimensions, list(misses), fresh.vectors)
