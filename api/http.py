@@ -148,6 +148,7 @@ def create_app(settings: Settings | None = None, *, host: str | None = None) -> 
                 lambda: stack.enter_context(open_runtime(settings))
             )
             app.state.runtime = runtime
+            runtime.warm()  # the first job's submission then loads nothing
             await stack.enter_async_context(mcp_server.session_manager.run())
             yield
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +60,12 @@ class Runtime:
         """True unless WEBCTX_API_AUTH=disabled."""
         return self.settings.api_auth == "required"
 
+    def warm(self) -> None:
+        """Load the job-submission path on a background thread, so that the first job's
+        submission does not load it inside that job's first moments (`warm_submission`).
+        Best effort: a broker not answering yet leaves it to the first submission."""
+        threading.Thread(target=_warm_submission, name="webctx-warm-submit", daemon=True).start()
+
     def keep_service(self) -> None:
         """With no broker: make sure the local service runs (and reset its idle clock)."""
         if self.settings.embedded:
@@ -91,6 +98,15 @@ def check_auth_setting(settings: Settings, host: str) -> None:
         raise ConfigError(
             f"WEBCTX_API_AUTH=disabled is for local use: refused on non-loopback host {host!r}"
         )
+
+
+def _warm_submission() -> None:
+    from webctx.workers.pipeline import warm_submission
+
+    try:
+        warm_submission()
+    except Exception as exc:  # noqa: BLE001 - best effort: the first submission loads it
+        logger.info("job submission not warmed ahead", extra={"error": repr(exc)})
 
 
 @contextmanager

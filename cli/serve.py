@@ -129,6 +129,7 @@ def mcp(
     settings = get_settings()
     try:
         with open_runtime(settings) as runtime:
+            runtime.warm()  # the first tool call's job submission then loads nothing
             run_stdio(runtime)
     except WebctxError as exc:
         raise fail(str(exc)) from exc
