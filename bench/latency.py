@@ -439,13 +439,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=5)
     parser.add_argument("--levers", action="store_true", help="also the lever rows")
     parser.add_argument("--lever-questions", type=int, default=2)
-    parser.add_argument(
-        "--lever",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="only the lever rows whose name contains NAME (repeatable)",
-    )
+    parser.add_argument("--lever", action="append", default=[], metavar="NAME",
+                        help="only lever rows whose name contains NAME (repeatable)")  # fmt: skip
     parser.add_argument("--write", action="store_true")
     parser.add_argument(
         "--hosts",
