@@ -113,6 +113,33 @@ def test_searxng_search_pages_until_limit(searxng: Searxng) -> None:
     assert control.requests - before == 3  # 10 per page
 
 
+def test_searxng_asks_for_the_pages_a_query_needs_at_once() -> None:
+    app = make_searxng_app(DOCS, results_per_page=10, latency_s=0.1)
+    control = searxng_control(app)
+    with LoopbackServer(app) as server:
+        provider = SearxngSearch(server.url, timeout_s=5)
+        results = provider.search("celery", limit=20)
+        assert control.requests == control.most_in_flight == 2  # pages 1 and 2 together
+        assert [r.rank for r in results] == list(range(20))
+        assert len({r.url for r in results}) == 20
+        provider.search("celery", limit=5)
+        assert control.requests == 3  # one page holds 5
+        control.fail_next(1, status=500)
+        with pytest.raises(ProviderUnavailable):
+            provider.search("celery", limit=20)
+
+
+def test_searxng_learns_the_instances_page_size() -> None:
+    app = make_searxng_app(DOCS, results_per_page=5, latency_s=0.05)
+    control = searxng_control(app)
+    with LoopbackServer(app) as server:
+        provider = SearxngSearch(server.url, timeout_s=5)
+        assert len(provider.search("celery", limit=10)) == 10
+        assert control.requests == 2 and control.most_in_flight == 1  # 10 assumed: one by one
+        assert len(provider.search("celery", limit=10)) == 10
+        assert control.requests == 4 and control.most_in_flight == 2  # 5 seen: both at once
+
+
 def test_searxng_server_refuses_html_format(searxng: Searxng) -> None:
     server, _ = searxng
     resp = httpx.get(f"{server.url}/search", params={"q": "celery", "format": "html"})

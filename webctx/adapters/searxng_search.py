@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 
 import httpx
@@ -27,8 +28,18 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(0.0, when - (time.time() if now is None else now))
 
 
+PAGE_SIZE_GUESS = 10
+"""Results per page assumed until an instance has answered a first page (SearxNG's
+engines mostly give 10 each; the page merges them)."""
+
+
 class SearxngSearch:
-    """Queries `GET {base_url}/search?format=json`, paging until `limit` results."""
+    """Queries `GET {base_url}/search?format=json`, paging until `limit` results.
+
+    The pages a query needs (`limit` over the instance's page size, as seen on its first
+    pages; 10 until then) are asked for at once, not one after another: each page costs
+    the instance's whole search time (its engines are asked again), 0.5-2 s on a public
+    instance. Pages beyond those, if some results repeat, follow one at a time."""
 
     name = "searxng"
 
@@ -45,6 +56,7 @@ class SearxngSearch:
         self._owns_client = client is None
         self._client = client or httpx.Client(timeout=timeout_s, follow_redirects=True)
         self._timeout_s = timeout_s
+        self._page_size = 0  # the most results one page has held; 0: none seen yet
 
     def search(
         self, query: str, *, limit: int, recency_days: int | None = None
@@ -53,8 +65,12 @@ class SearxngSearch:
         results: list[SearchResult] = []
         seen: set[str] = set()
         extra = {"time_range": time_range(recency_days)} if recency_days else {}
+        size = self._page_size or PAGE_SIZE_GUESS
+        at_once = max(1, min(self.max_pages, -(-limit // size)))
+        pages = self._pages(query, range(1, at_once + 1), extra)
         for pageno in range(1, self.max_pages + 1):
-            items = self._page(query, pageno, extra)
+            items = pages[pageno - 1] if pageno <= at_once else self._page(query, pageno, extra)
+            self._page_size = max(self._page_size, len(items))
             fresh = [item for item in items if item["url"] not in seen]
             for item in fresh:
                 seen.add(item["url"])
@@ -62,6 +78,16 @@ class SearxngSearch:
             if len(results) >= limit or not fresh:
                 break
         return results[:limit]
+
+    def _pages(
+        self, query: str, pagenos: range, extra: dict[str, str]
+    ) -> list[list[dict[str, str]]]:
+        """The pages `pagenos`, asked for at once; the first page's error first."""
+        if len(pagenos) == 1:
+            return [self._page(query, pagenos[0], extra)]
+        with ThreadPoolExecutor(len(pagenos), thread_name_prefix="searxng-page") as pool:
+            futures = [pool.submit(self._page, query, n, extra) for n in pagenos]
+        return [f.result() for f in futures]
 
     def close(self) -> None:
         """Close the HTTP client if this adapter created it."""

@@ -6,11 +6,13 @@ JSON shape, `pageno` paging, a fixed page size, and 403 for other formats.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -78,6 +80,9 @@ class SearxngControl:
 
     requests: int = 0
     queries: list[str] = field(default_factory=list)
+    in_flight: int = 0
+    most_in_flight: int = 0
+    """Requests in their latency at once: now, and the most seen."""
     _faults: list[tuple[int, float | None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -85,6 +90,18 @@ class SearxngControl:
         """Answer the next `n` searches with `status` (and `retry-after` when given)."""
         with self._lock:
             self._faults.extend([(status, retry_after)] * n)
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Count a request as in flight while it waits out its latency."""
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     def _record(self, query: str) -> tuple[int, float | None] | None:
         with self._lock:
@@ -129,8 +146,11 @@ def _published_within(doc: SearchDoc, days: int) -> bool:
     return datetime.now(UTC) - published <= timedelta(days=days)
 
 
-def make_searxng_app(docs: Sequence[SearchDoc], *, results_per_page: int = 10) -> Starlette:
-    """A Starlette app serving `GET /search?q=...&format=json&pageno=N` over `docs`."""
+def make_searxng_app(
+    docs: Sequence[SearchDoc], *, results_per_page: int = 10, latency_s: float = 0.0
+) -> Starlette:
+    """A Starlette app serving `GET /search?q=...&format=json&pageno=N` over `docs`, each
+    answer after `latency_s` (a real instance asks its engines for every page)."""
     index = BM25Index(docs)
     control = SearxngControl()
 
@@ -140,6 +160,9 @@ def make_searxng_app(docs: Sequence[SearchDoc], *, results_per_page: int = 10) -
         fault = control._record(query)
         if fault is not None:
             return _fault_response(*fault)
+        with control.answering():
+            if latency_s:
+                await asyncio.sleep(latency_s)
         if params.get("format") != "json":
             # SearxNG answers 403 for any format missing from `search.formats`.
             return PlainTextResponse("Forbidden", status_code=403)
