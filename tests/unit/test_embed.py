@@ -142,17 +142,17 @@ def test_texts_packed_into_minimum_requests(serve: Serve) -> None:
 def test_a_calls_requests_are_in_flight_together_up_to_parallel(serve: Serve) -> None:
     embedder, control = serve(latency_s=0.2)
     outcome = run(embedder, TEXTS, max_inputs=4, parallel=4)  # 3 requests
-    assert control.stats.most_in_flight == 3 and outcome.requests == 3
+    assert control.in_flight.most == 3 and outcome.requests == 3
     np.testing.assert_allclose(outcome.vectors, HASH.vectors(TEXTS), atol=1e-6)
     embedder, control = serve(latency_s=0.05)
     run(embedder, TEXTS, max_inputs=2, parallel=2)  # 5 requests, 2 at a time
-    assert control.stats.most_in_flight == 2 and control.stats.accepted == 5
+    assert control.in_flight.most == 2 and control.stats.accepted == 5
 
 
 def test_requests_go_one_at_a_time_when_parallel_is_one(serve: Serve) -> None:
     embedder, control = serve(latency_s=0.05)
     run(embedder, TEXTS, max_inputs=4)
-    assert control.stats.most_in_flight == 1 and control.stats.accepted == 3
+    assert control.in_flight.most == 1 and control.stats.accepted == 3
 
 
 def test_a_failed_request_among_parallel_ones_raises_after_the_others_end(serve: Serve) -> None:
@@ -161,7 +161,7 @@ def test_a_failed_request_among_parallel_ones_raises_after_the_others_end(serve:
     with pytest.raises(ProviderUnavailable):
         run(embedder, TEXTS, max_inputs=4, parallel=3, max_attempts=1)
     assert control.stats.requests == 3 and control.stats.accepted == 2
-    assert control.stats.in_flight == 0  # nothing left running behind the error
+    assert control.in_flight.now == 0  # nothing left running behind the error
 
 
 def test_an_in_process_embedder_gets_one_request_at_a_time() -> None:

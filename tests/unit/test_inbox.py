@@ -72,6 +72,17 @@ def _serve(
     return thread
 
 
+def _research(service: threading.Thread, *words: str, importtime: bool = False,
+              stderr: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`webctx research WORDS` in a new interpreter, then the fake service's end."""
+    flags = ["-X", "importtime"] if importtime else []
+    done = subprocess.run([sys.executable, *flags, "-m", "webctx.cli", "research", *words],
+                          cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
+                          stderr=stderr, text=True, timeout=60)  # fmt: skip
+    service.join(5)
+    return done
+
+
 def test_resp_speaks_every_reply_kind_and_raises_server_errors(valkey: str) -> None:
     with RespConnection(valkey) as conn:
         assert conn.call("PING") == b"PONG"
@@ -148,12 +159,7 @@ def test_no_hand_over_to_a_service_without_an_inbox_or_with_other_settings(
 def test_research_hands_over_before_loading_redis_celery_or_the_settings(
     data_dir: Path, valkey: str
 ) -> None:
-    service = _serve(valkey, {"job_id": "job-7"})
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "webctx.cli", "research", "why?", "--no-wait"],
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    service.join(5)
+    done = _research(_serve(valkey, {"job_id": "job-7"}), "why?", "--no-wait", importtime=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "job-7"
     loaded = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
@@ -177,10 +183,7 @@ def test_research_hands_over_its_words_before_its_command_line_parser_loads(
     service = _serve(valkey, {"job_id": "job-9"}, on_take=on_take)
     argv = ["why?", "--max-sources", "3", "--no-wait", "--include-domain", "a.org"]
     with imports.open("w") as err:
-        command = [sys.executable, "-X", "importtime", "-m", "webctx.cli", "research", *argv]
-        done = subprocess.run(command, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
-                              stderr=err, text=True, timeout=60)  # fmt: skip
-    service.join(5)
+        done = _research(service, *argv, importtime=True, stderr=err)
     assert done.returncode == 0, imports.read_text()[-3000:]
     assert done.stdout.strip() == "job-9"  # parsed afterwards: --no-wait holds
     (item,) = service.taken  # type: ignore[attr-defined]
@@ -194,11 +197,7 @@ def test_words_the_service_does_not_parse_are_parsed_and_handed_over_by_the_comm
     data_dir: Path, valkey: str
 ) -> None:
     service = _serve(valkey, {"unparsed": True}, {"job_id": "job-8"})
-    done = subprocess.run(
-        [sys.executable, "-m", "webctx.cli", "research", "why?", "--top-k", "7", "--no-wait"],
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    service.join(5)
+    done = _research(service, "why?", "--top-k", "7", "--no-wait")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "job-8"
     words, parsed = service.taken  # type: ignore[attr-defined]
@@ -209,9 +208,6 @@ def test_a_refused_request_gets_the_services_error_and_exit_code(
     data_dir: Path, valkey: str
 ) -> None:
     service = _serve(valkey, {"error": "invalid request: max_sources: too many", "code": 2})
-    done = subprocess.run([sys.executable, "-m", "webctx.cli", "research", "why?"], cwd=ROOT,
-                          env=dict(os.environ), capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
-    service.join(5)
+    done = _research(service, "why?")
     assert done.returncode == 2
     assert done.stderr.strip().endswith("error: invalid request: max_sources: too many")

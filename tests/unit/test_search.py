@@ -119,7 +119,7 @@ def test_searxng_asks_for_the_pages_a_query_needs_at_once() -> None:
     with LoopbackServer(app) as server:
         provider = SearxngSearch(server.url, timeout_s=5)
         results = provider.search("celery", limit=20)
-        assert control.requests == control.most_in_flight == 2  # pages 1 and 2 together
+        assert control.requests == control.in_flight.most == 2  # pages 1 and 2 together
         assert [r.rank for r in results] == list(range(20))
         assert len({r.url for r in results}) == 20
         provider.search("celery", limit=5)
@@ -135,9 +135,9 @@ def test_searxng_learns_the_instances_page_size() -> None:
     with LoopbackServer(app) as server:
         provider = SearxngSearch(server.url, timeout_s=5)
         assert len(provider.search("celery", limit=10)) == 10
-        assert control.requests == 2 and control.most_in_flight == 1  # 10 assumed: one by one
+        assert control.requests == 2 and control.in_flight.most == 1  # 10 assumed: one by one
         assert len(provider.search("celery", limit=10)) == 10
-        assert control.requests == 4 and control.most_in_flight == 2  # 5 seen: both at once
+        assert control.requests == 4 and control.in_flight.most == 2  # 5 seen: both at once
 
 
 def test_searxng_server_refuses_html_format(searxng: Searxng) -> None:

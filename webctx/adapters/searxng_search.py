@@ -86,8 +86,7 @@ class SearxngSearch:
         if len(pagenos) == 1:
             return [self._page(query, pagenos[0], extra)]
         with ThreadPoolExecutor(len(pagenos), thread_name_prefix="searxng-page") as pool:
-            futures = [pool.submit(self._page, query, n, extra) for n in pagenos]
-        return [f.result() for f in futures]
+            return list(pool.map(lambda n: self._page(query, n, extra), pagenos))
 
     def close(self) -> None:
         """Close the HTTP client if this adapter created it."""

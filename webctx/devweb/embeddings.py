@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import math
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from webctx.devweb.server import InFlight
 from webctx.tokens import count_tokens, decode
 
 EmbedFn = Callable[[list[str]], list[list[float]]]
@@ -55,9 +55,6 @@ class EmbeddingsStats:
     injected: int = 0
     tokens: int = 0
     inputs: int = 0
-    in_flight: int = 0
-    most_in_flight: int = 0
-    """Accepted requests being answered at once: now, and the most seen."""
 
 
 class SlidingWindow:
@@ -116,6 +113,8 @@ class EmbeddingsControl:
 
     window: SlidingWindow
     stats: EmbeddingsStats = field(default_factory=EmbeddingsStats)
+    in_flight: InFlight = field(default_factory=InFlight)
+    """Accepted requests being answered at once."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _faults: list[tuple[int, float]] = field(default_factory=list)
 
@@ -123,18 +122,6 @@ class EmbeddingsControl:
         """Answer the next `n` requests with `status` (500 or 429, with `retry_after` seconds)."""
         with self.lock:
             self._faults.extend([(status, retry_after)] * n)
-
-    @contextlib.contextmanager
-    def answering(self) -> Iterator[None]:
-        """Count an accepted request as in flight while it is being answered."""
-        with self.lock:
-            self.stats.in_flight += 1
-            self.stats.most_in_flight = max(self.stats.most_in_flight, self.stats.in_flight)
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.stats.in_flight -= 1
 
     def pop_fault(self) -> tuple[int, float] | None:
         """Count a request and return the status of a pending injected fault, if any."""
@@ -351,7 +338,7 @@ class _Endpoint:
         limited = self.admit(req)
         if limited is not None:
             return limited
-        with self.control.answering():
+        with self.control.in_flight.answering():
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
             vectors = await run_in_threadpool(self.embed_fn, req.texts)

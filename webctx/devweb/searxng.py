@@ -7,12 +7,11 @@ JSON shape, `pageno` paging, a fixed page size, and 403 for other formats.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +20,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+
+from webctx.devweb.server import InFlight
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 ENGINE = "devweb"
@@ -80,9 +81,8 @@ class SearxngControl:
 
     requests: int = 0
     queries: list[str] = field(default_factory=list)
-    in_flight: int = 0
-    most_in_flight: int = 0
-    """Requests in their latency at once: now, and the most seen."""
+    in_flight: InFlight = field(default_factory=InFlight)
+    """Requests in their latency at once."""
     _faults: list[tuple[int, float | None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -90,18 +90,6 @@ class SearxngControl:
         """Answer the next `n` searches with `status` (and `retry-after` when given)."""
         with self._lock:
             self._faults.extend([(status, retry_after)] * n)
-
-    @contextlib.contextmanager
-    def answering(self) -> Iterator[None]:
-        """Count a request as in flight while it waits out its latency."""
-        with self._lock:
-            self.in_flight += 1
-            self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.in_flight -= 1
 
     def _record(self, query: str) -> tuple[int, float | None] | None:
         with self._lock:
@@ -160,7 +148,7 @@ def make_searxng_app(
         fault = control._record(query)
         if fault is not None:
             return _fault_response(*fault)
-        with control.answering():
+        with control.in_flight.answering():
             if latency_s:
                 await asyncio.sleep(latency_s)
         if params.get("format") != "json":

@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
 import uvicorn
 from starlette.types import ASGIApp
+
+
+@dataclass
+class InFlight:
+    """Requests a loopback peer is answering at once: now, and the most seen (thread-safe;
+    tests read the overlap of a client's requests from the server's side)."""
+
+    now: int = 0
+    most: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Count one request as in flight while the block runs."""
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.now -= 1
 
 
 @dataclass

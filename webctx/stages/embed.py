@@ -251,8 +251,9 @@ def _each(send: Callable[[Batch], T], batches: Sequence[Batch], parallel: int) -
     if parallel == 1 or len(batches) < 2:
         return [send(b) for b in batches]
     with ThreadPoolExecutor(min(parallel, len(batches)), "embed-request") as pool:
-        futures = [pool.submit(send, b) for b in batches]
-    return [f.result() for f in futures]  # all ended; the first failure in batch order raises
+        # The first failure in batch order raises, once leaving the block has waited for
+        # every send.
+        return list(pool.map(send, batches))
 
 
 class CachedEmbedOutcome(EmbedOutcome):
