@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Literal
@@ -20,6 +21,31 @@ confirmed unchanged (304), the shared page cache, or the persistent index."""
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
+
+
+# What a terminal or a search engine would act on in a question, instead of showing it:
+# ECMA-48 escape and control sequences whole (CSI, OSC/DCS/SOS/PM/APC up to their
+# terminator, two-character escapes like ESC c, the full reset), in their 7-bit and C1 forms.
+_ESCAPES = re.compile(
+    r"(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
+    r"|\x1b[\x20-\x2f]*[\x30-\x7e]"
+)
+# Then every other C0 and C1 control but whitespace (NUL, BEL, ESC, DEL...), and the
+# invisible characters that reorder or hide text: bidi embeddings, overrides, isolates and
+# marks, zero-width space, word joiner, BOM, and the tag characters (U+E0000-E007F).
+# Zero-width (non-)joiners stay: some scripts' spelling needs them.
+_CONTROLS = re.compile(
+    "[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u061c\u200b\u200e\u200f\u202a-\u202e"
+    "\u2060\u2066-\u2069\ufeff\U000e0000-\U000e007f]"
+)
+
+
+def clean_text(value: str) -> str:
+    """`value` without terminal control sequences, control and invisible characters, its
+    whitespace collapsed to single spaces (what a question may hold: echoed to terminals,
+    sent to search engines)."""
+    return " ".join(_CONTROLS.sub("", _ESCAPES.sub("", value)).split())
 
 
 class JobRequest(BaseModel):
@@ -55,7 +81,7 @@ class JobRequest(BaseModel):
     @field_validator("question")
     @classmethod
     def _question_has_text(cls, value: str) -> str:
-        value = " ".join(value.split())
+        value = clean_text(value)
         if not value:
             raise ValueError("question must contain text")
         return value

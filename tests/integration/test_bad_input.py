@@ -14,6 +14,7 @@ import redis
 
 from tests.conftest import clean_env, redis_url, run_cli
 from tests.integration.conftest import ApiStack
+from webctx.devweb.searxng import searxng_control
 from webctx.jobs.quota import StoredBytes
 from webctx.settings import Settings
 
@@ -96,6 +97,20 @@ def test_domain_lists_past_their_caps_are_422(api_stack: ApiStack) -> None:
     assert long_entry.status_code == 422, long_entry.text
     assert "exclude_domains.0" in long_entry.json()["message"]
     assert at_caps.status_code == 202, at_caps.text
+
+
+def test_a_questions_control_characters_never_reach_search_or_the_bundle(
+    api_stack: ApiStack,
+) -> None:
+    queries = searxng_control(api_stack.web.search.app).queries
+    before = len(queries)
+    with api_stack.client() as c:
+        hostile = "how do\u0000 lithium-ion\u001b[2J batteries\u001b]0;x\u0007 degrade?\u009b1m"
+        body = {"question": hostile, "max_sources": 2, "timeout_s": 60}
+        resp = c.post("/v1/context", json=body, timeout=90)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["question"] == QUESTION
+    assert queries[before:] and all(q.isprintable() for q in queries[before:])
 
 
 def test_batch_items_past_the_domain_caps_are_422(api_stack: ApiStack) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.conftest import clean_env, run_cli, service_pid
 from tests.testweb import LoopbackWeb
+from webctx.devweb.searxng import searxng_control
 from webctx.models import Bundle
 
 QUESTION = "how do lithium-ion batteries degrade?"
@@ -70,3 +71,25 @@ def test_a_request_the_service_refuses_prints_the_commands_own_error(
     unparsed = run_cli(env, "research", QUESTION, "--max-sources", "many", "--no-wait")
     assert unparsed.returncode == 2 and unparsed.stderr.startswith("Usage:")
     assert _submitted_by_service(data_dir) == 0
+
+
+HOSTILE = ("\x1b]0;owned\x07how do\x1b[2J\x1b[H lithium-ion batteries\x0c degrade?\x1bc"
+           "\u202e\x9b31m\x1b]8;;http://127.0.0.2/\x1b\\ SEI\x1b]8;;\x1b\\")  # fmt: skip
+
+
+def test_a_questions_control_sequences_reach_neither_the_terminal_nor_the_search_engine(
+    test_web: LoopbackWeb, data_dir: Path
+) -> None:
+    env = clean_env(**test_web.env())
+    assert run_cli(env, "service", "start").returncode == 0
+    queries = searxng_control(test_web.search.app).queries
+    before = len(queries)
+    done = run_cli(env, "research", HOSTILE, *SMALL, "--format", "markdown")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _submitted_by_service(data_dir) == 1  # the handed words were cleaned too
+    sent = queries[before:]
+    assert sent and all(q.isprintable() for q in sent), sent
+    assert done.stdout.startswith("# how do lithium-ion batteries degrade? SEI\n")
+    for output in (done.stdout, done.stderr):
+        assert not any(c in output for c in "\x1b\x07\x0c\x9b\u202e"), output[:500]
+

@@ -7,6 +7,8 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
+from webctx.models import clean_text
+
 if TYPE_CHECKING:  # the client costs ~0.5 s to import: only an LLM planner needs it
     import openai
 
@@ -33,11 +35,12 @@ _LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
 
 
 def _dedupe(queries: list[str], max_queries: int) -> list[str]:
-    """Drop empty and case-insensitive duplicate queries, keep order, cap the count."""
+    """Drop empty and case-insensitive duplicate queries, keep order, cap the count; an
+    LLM's queries lose control characters as questions do (`clean_text`)."""
     seen: set[str] = set()
     out: list[str] = []
     for query in queries:
-        query = " ".join(query.split())[:_MAX_QUERY_CHARS]
+        query = clean_text(query)[:_MAX_QUERY_CHARS]
         if query and query.casefold() not in seen:
             seen.add(query.casefold())
             out.append(query)
