@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+import idna
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 BUNDLE_SCHEMA_VERSION = 1
 MAX_AGE_LIMIT_S = 365 * 24 * 3600
@@ -48,6 +51,72 @@ def clean_text(value: str) -> str:
     return " ".join(_CONTROLS.sub("", _ESCAPES.sub("", value)).split())
 
 
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*:(?!\d*\Z)", re.I)
+_NOT_IN_HOSTS = (("/", "a path"), ("@", "userinfo"), ("?", "a query"), ("#", "a fragment"),
+                 ("\\", "a backslash"), (":", "a port"))  # fmt: skip
+
+
+def host_name(value: str) -> str:
+    """`value` as a domain filter: a lower-case ASCII host name (IDNA: `bücher.de` ->
+    `xn--bcher-kva.de`), a leading `*.` and a trailing dot dropped (a filter covers
+    subdomains anyway); ValueError naming the value when it is not a host name (a URL, a
+    port, a path, userinfo, an IP address, spaces, control or invisible characters)."""
+    text = value.strip()
+    shown = repr(value if len(value) <= 80 else value[:80] + "…")
+    if not text:
+        raise ValueError(f"{shown} is empty: give a host name (example.com)")
+    if any(not c.isprintable() or c.isspace() for c in text):
+        raise ValueError(f"{shown} is not a host name: it holds spaces, control or "
+                         "invisible characters")  # fmt: skip
+    if _SCHEME.match(text):
+        raise ValueError(f"{shown} is not a host name: it has a scheme ({_hint(text)})")
+    if _is_ip(text):
+        raise ValueError(f"{shown} is an IP address: domains are host names (example.com)")
+    for mark, what in _NOT_IN_HOSTS:
+        if mark in text:
+            raise ValueError(f"{shown} is not a host name: it has {what} ({_hint(text)})")
+    name = text.removeprefix("*.").rstrip(".")
+    try:
+        ascii_name = idna.encode(name, uts46=True, std3_rules=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise ValueError(f"{shown} is not a valid host name ({exc})") from exc
+    if ascii_name.rsplit(".", 1)[-1].isdigit():
+        raise ValueError(f"{shown} is not a host name: it ends in a number (an IP address?)")
+    return ascii_name
+
+
+def _hint(text: str) -> str:
+    """How to write what `text` names as a host name (its URL's host, when it has one)."""
+    try:
+        host = urlsplit(text if "://" in text else "//" + text).hostname
+        if _SCHEME.match(text) and "://" not in text:  # javascript:…, mailto:…
+            host = None
+    except ValueError:
+        host = None
+    return f"give its host name alone: {host}" if host else "give a host name: example.com"
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False
+    return True
+
+
+def ascii_host(host: str) -> str:
+    """A URL's host in the form `host_name` gives filters (lower case, IDNA), when it has
+    one; else lower-cased as it is."""
+    try:
+        return host_name(host)
+    except ValueError:
+        return host.lower().rstrip(".")
+
+
+Domain = Annotated[str, AfterValidator(host_name)]
+"""A domain filter entry: a host name, normalised by `host_name`."""
+
+
 class JobRequest(BaseModel):
     """What a caller asks for: the question and the knobs of one research job."""
 
@@ -57,8 +126,15 @@ class JobRequest(BaseModel):
     top_k: int = Field(default=60, ge=1, le=200)
     token_budget: int = Field(default=3000, ge=50, le=100_000)
     max_queries: int = Field(default=4, ge=1, le=10)
-    include_domains: list[str] = Field(default_factory=list)
-    exclude_domains: list[str] = Field(default_factory=list)
+    include_domains: list[Domain] = Field(
+        default_factory=list,
+        description="Only sources on these host names or their subdomains (`example.com`, "
+        "`bücher.de`; a leading `*.` is allowed); not URLs, ports or IP addresses.",
+    )
+    exclude_domains: list[Domain] = Field(
+        default_factory=list,
+        description="No sources on these host names or their subdomains (as include_domains).",
+    )
     recency_days: int | None = Field(default=None, ge=1, le=3650)
     max_age: int | None = Field(
         default=None,

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.xdist_group("api_stack")
 
 DEEP = "[" * 5_000 + "]" * 5_000  # ~10 KB; past the JSON decoder's depth limit
 QUESTION = "how do lithium-ion batteries degrade?"
+LONGEST_NAME = ".".join(["a" * 63] * 3 + ["a" * 61])
+"""A host name of 253 characters, the most a DNS name has."""
 
 
 def _redis_bytes(client: redis.Redis) -> int:
@@ -91,12 +93,34 @@ def test_domain_lists_past_their_caps_are_422(api_stack: ApiStack) -> None:
         long_entry = c.post("/v1/context", json={"question": QUESTION, "timeout_s": 1,
                                                  "exclude_domains": ["a" * 254]})  # fmt: skip
         at_caps = c.post("/v1/jobs", json={"question": QUESTION, "max_sources": 1,
-                                           "include_domains": ["a" * 253] * 100})  # fmt: skip
+                                           "include_domains": [LONGEST_NAME] * 100})  # fmt: skip
     assert long_list.status_code == 422, long_list.text
     assert "include_domains" in long_list.json()["message"]
     assert long_entry.status_code == 422, long_entry.text
     assert "exclude_domains.0" in long_entry.json()["message"]
     assert at_caps.status_code == 202, at_caps.text
+
+
+def test_domains_that_are_not_host_names_are_422_naming_them(api_stack: ApiStack) -> None:
+    client = redis.Redis.from_url(redis_url())
+    jobs_before = len(client.keys("webctx:job:*"))
+    with api_stack.client() as c:
+        job = c.post("/v1/jobs", json={"question": QUESTION,
+                                       "include_domains": ["file:///etc/passwd"]})  # fmt: skip
+        context = c.post("/v1/context", json={
+            "question": QUESTION, "timeout_s": 1,
+            "exclude_domains": ["ok.example", "javascript:alert(1)"]})  # fmt: skip
+        items = [{"id": "ok", "question": QUESTION},
+                 {"id": "ip", "question": QUESTION, "include_domains": ["10.0.0.1"]}]  # fmt: skip
+        batch = c.post("/v1/batches", params={"name": "hosts"}, json=items)
+    for resp, where, value in ((job, "include_domains.0", "file:///etc/passwd"),
+                               (context, "exclude_domains.1", "javascript:alert(1)"),
+                               (batch, "line 2: include_domains.0", "10.0.0.1")):  # fmt: skip
+        assert resp.status_code == 422, resp.text
+        message = resp.json()["message"]
+        assert where in message and repr(value) in message, message
+    assert len(client.keys("webctx:job:*")) == jobs_before  # nothing was started
+    client.close()
 
 
 def test_a_questions_control_characters_never_reach_search_or_the_bundle(

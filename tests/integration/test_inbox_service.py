@@ -93,3 +93,18 @@ def test_a_questions_control_sequences_reach_neither_the_terminal_nor_the_search
     for output in (done.stdout, done.stderr):
         assert not any(c in output for c in "\x1b\x07\x0c\x9b\u202e"), output[:500]
 
+
+def test_a_domain_that_is_not_a_host_name_is_a_usage_error_naming_it(
+    test_web: LoopbackWeb, data_dir: Path
+) -> None:
+    env = clean_env(**test_web.env())
+    assert run_cli(env, "service", "start").returncode == 0
+    itself = clean_env(**test_web.env(), CELERY_BROKER_URL="redis://127.0.0.1:9/0")
+    for value in ("file:///etc/passwd", "javascript:alert(1)", "example.com:8080"):
+        for how in (env, itself):  # handed to the service, and submitted by the command
+            done = run_cli(how, "research", QUESTION, "--include-domain", value, "--no-wait")
+            assert done.returncode == 2, done.stderr[-2000:]
+            assert f"include_domains.0: Value error, {value!r} is not a host name" in done.stderr
+    assert _submitted_by_service(data_dir) == 0
+    ok = run_cli(env, "research", QUESTION, "--include-domain", "Bücher.DE", "--no-wait")
+    assert ok.returncode == 0, ok.stderr[-2000:]

@@ -120,3 +120,26 @@ def test_cli_research_options_reach_the_submitted_job(
         "exclude_domains": ["spam.example"], "recency_days": 30, "max_age": 0,
         "stale_if_error": True,
     }  # fmt: skip
+
+
+def test_every_surface_refuses_a_domain_that_is_not_a_host_name_naming_it(
+    tmp_path: Path,
+) -> None:
+    bad = "javascript:alert(1)"
+    why = f"{bad!r} is not a host name"
+
+    async def tool() -> str:
+        async with Client(build_mcp(_no_runtime)) as client:  # refused before any runtime
+            result = await client.call_tool(
+                "web_context", {"question": "q", "include_domains": ["ok.example", bad]}
+            )
+        assert result.is_error
+        return str(result.content[0].text)  # type: ignore[union-attr]
+
+    assert "include_domains.1" in (text := anyio.run(tool)) and why in text
+    item, error = parse_item({"id": "a", "question": "q", "exclude_domains": [bad]})
+    assert item is None and error is not None and why in error
+    env = clean_env(CELERY_BROKER_URL="redis://127.0.0.1:9/0",  # refused before it connects
+                    WEBCTX_QDRANT_PATH=str(tmp_path / "q"))  # fmt: skip
+    done = run_cli(env, "research", "q", "--exclude-domain", bad, "--no-wait")
+    assert done.returncode == 2 and why in done.stderr and "exclude_domains.0" in done.stderr

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from webctx.models import SearchResult
+from webctx.models import SearchResult, ascii_host, host_name
 from webctx.protocols import SearchProvider
 
 logger = logging.getLogger(__name__)
@@ -70,16 +70,18 @@ def normalize_url(url: str) -> str:
 
 
 def _clean_domain(domain: str) -> str:
-    """A bare lower-case host from "Example.com", "*.example.com" or "https://example.com/"."""
-    domain = domain.strip().lower()
-    if "://" in domain:
-        domain = urlsplit(domain).hostname or ""
-    return domain.lstrip("*.").rstrip(".").split("/")[0]
+    """A filter entry as requests hold it (`host_name`: "Example.com", "*.example.com" ->
+    "example.com"); one that is no host name matches nothing."""
+    try:
+        return host_name(domain)
+    except ValueError:
+        return ""
 
 
 def domain_matches(host: str, domains: Sequence[str]) -> bool:
-    """True when `host` is one of `domains` or a subdomain of one."""
-    host = host.lower().rstrip(".")
+    """True when `host` is one of `domains` or a subdomain of one (an internationalised
+    host compared in its IDNA form, as filters hold it)."""
+    host = host.lower().rstrip(".") if host.isascii() else ascii_host(host)
     return any(host == d or host.endswith("." + d) for d in domains if d)
 
 
