@@ -27,7 +27,7 @@ def _index_stores() -> StateStores:
 @sources.command("add")
 def sources_add(
     url: Annotated[str, typer.Argument(help="A page, a sitemap (or sitemap index), a feed.")],
-    every: Annotated[str, typer.Option(help="Refresh interval: 30m, 6h, 1d.")] = "6h",
+    every: Annotated[str, typer.Option(help="Refresh interval: 30m, 6h, 1d; 5m at least.")] = "6h",
     kind: Annotated[str, typer.Option(help="auto, page, sitemap or feed.")] = "auto",
     tenant: TenantOpt = None,
 ) -> None:

@@ -227,3 +227,19 @@ def test_a_tenant_past_its_stored_bytes_is_refused_and_another_is_not(
     assert admitted.status_code == 202, admitted.text
     assert admitted.headers.get("Idempotent-Replayed") is None
     client.close()
+
+
+def test_a_refresh_interval_below_the_floor_is_refused_by_the_api_and_the_cli(
+    api_stack: ApiStack,
+) -> None:
+    page = f"{api_stack.web.site.url}/a.html"
+    with api_stack.client() as c:
+        resp = c.post("/v1/sources", json={"url": page, "every": "1s"})
+        assert resp.status_code == 422, resp.text
+        assert "below the minimum of 300 s" in resp.json()["message"]
+        assert c.get("/v1/sources").json() == []
+    done = run_cli(api_stack.env, "sources", "add", page, "--every", "4m")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "refresh interval 240 s is below the minimum of 300 s" in done.stderr
+    listed = run_cli(api_stack.env, "sources", "list", "--format", "json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []

@@ -159,7 +159,7 @@ def test_beat_reindexes_only_changes_swaps_atomically_and_never_double_fires(
             WEBCTX_INDEX__GRACE_S="3",
             WEBCTX_INDEX__GONE_AFTER="1",
         )
-        registry = SourceRegistry(r)
+        registry = SourceRegistry(r, min_every_s=1)  # runs seconds apart, not 5 minutes
         source = registry.add(TENANT, web.url + "/sitemap.xml", every_s=EVERY_S)
         start_worker(env, "-c", "4", "-Q", "reindex,rank")
         started = time.monotonic()

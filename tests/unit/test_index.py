@@ -178,7 +178,7 @@ def test_unchanged_text_behind_a_new_etag_costs_no_embedding(
     r: redis.Redis, site: FakeSite, ctx: IndexContext
 ) -> None:
     site.put("/a.html", article("alpha"))
-    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=60)
+    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=600)
     refresh_source(source, ctx)
     before = ctx.embedder.texts  # type: ignore[attr-defined]
     site.put("/a.html", article("alpha"))  # same body, new ETag
@@ -228,7 +228,7 @@ def test_search_never_sees_a_page_empty_or_mixed_during_swaps(
 ) -> None:
     ctx.settings.grace_s = 5.0
     site.put("/a.html", article("swap"))
-    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=60)
+    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=600)
     refresh_source(source, ctx)
     bad: list[str] = []
     stop = threading.Event()
@@ -252,7 +252,7 @@ def test_search_never_sees_a_page_empty_or_mixed_during_swaps(
 
 def test_registry_claims_each_due_run_once_across_racing_ticks(r: redis.Redis) -> None:
     registry = SourceRegistry(r)
-    registry.add(TENANT, BASE + "/a.html", every_s=60)
+    registry.add(TENANT, BASE + "/a.html", every_s=600)
     claims: list[int] = []
     barrier = threading.Barrier(4)
 
@@ -307,7 +307,7 @@ def index_mcp_server(r: redis.Redis, site: FakeSite, tmp_path: Path, html: str) 
     engine = dataclasses.replace(built, fetcher=site, embedder=HashEmbedder(), _store=store)
     deps = Deps(settings=settings, stores=stores, engine=engine)
     site.put("/a.html", html)
-    source = stores.sources.add(TENANT, BASE + "/a.html", every_s=60)
+    source = stores.sources.add(TENANT, BASE + "/a.html", every_s=600)
     set_deps(deps)
     try:
         refresh_source(source, index_context(deps))
@@ -373,7 +373,7 @@ def test_sweeping_a_replaced_page_forgets_that_research_jobs_stored_it(
     r: redis.Redis, site: FakeSite, ctx: IndexContext
 ) -> None:
     site.put("/a.html", article("sweep"))
-    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=60)
+    source = SourceRegistry(r).add(TENANT, BASE + "/a.html", every_s=600)
     refresh_source(source, ctx)
     (old,) = {h.content_sha256 for h in search_index("sweep facts", tenant=TENANT, ctx=ctx)}
     known = StoredPages(r, ttl_s=3600, scope=("store", "model", "64/0"))

@@ -68,22 +68,33 @@ def test_bad_intervals_are_refused(text: str) -> None:
 def test_sources_are_per_tenant_and_removable_by_id_or_url(r: redis.Redis) -> None:
     registry = SourceRegistry(r)
     a = registry.add("acme", BASE + "/feed.xml", every_s=3600)
-    again = registry.add("acme", BASE + "/feed.xml", every_s=60)
-    assert again.source_id == a.source_id and again.every_s == 60
-    registry.add("other", BASE + "/feed.xml", every_s=60)
+    again = registry.add("acme", BASE + "/feed.xml", every_s=600)
+    assert again.source_id == a.source_id and again.every_s == 600
+    registry.add("other", BASE + "/feed.xml", every_s=600)
     assert [s.url for s in registry.list_for("acme")] == [BASE + "/feed.xml"]
     assert registry.remove("acme", BASE + "/feed.xml") is not None
     assert registry.list_for("acme") == [] and len(registry.list_for("other")) == 1
     assert registry.remove("acme", a.source_id) is None
     with pytest.raises(InvalidRequest):
-        registry.add("acme", "file:///etc/passwd", every_s=60)
+        registry.add("acme", "file:///etc/passwd", every_s=600)
     with pytest.raises(InvalidTenant):
-        registry.add("bad tenant", BASE, every_s=60)
+        registry.add("bad tenant", BASE, every_s=600)
+
+
+def test_a_refresh_interval_below_five_minutes_is_refused(r: redis.Redis) -> None:
+    registry = SourceRegistry(r)
+    for every_s in (1, 299):
+        with pytest.raises(InvalidRequest, match="below the minimum of 300 s"):
+            registry.add("acme", BASE + "/a.html", every_s=every_s)
+    assert registry.list_for("acme") == []
+    assert registry.add("acme", BASE + "/b.html", every_s=300).every_s == 300
+    # Below it only where a registry is given a lower floor (the schedule's own tests).
+    assert SourceRegistry(r, min_every_s=1).add("acme", BASE + "/a.html", every_s=1).every_s == 1
 
 
 def test_removed_source_is_never_claimed_again(r: redis.Redis) -> None:
     registry = SourceRegistry(r)
-    s = registry.add("acme", BASE + "/a.html", every_s=1)
+    s = registry.add("acme", BASE + "/a.html", every_s=600)
     registry.remove("acme", s.source_id)
     assert registry.claim_due(now=10**10) == []
 

@@ -35,6 +35,11 @@ _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MIN_INTERVAL_S = 1
 MAX_INTERVAL_S = 365 * 86400
+MIN_EVERY_S = 300
+"""The shortest refresh interval a source may be registered with: five minutes, ten ticks
+of the schedule. A re-index run asks every page of a sitemap or feed again; more often
+than this it would load the publisher (and this machine) for pages that seldom change
+faster. `sources refresh` re-indexes at once when a page must be fresh now."""
 
 
 class Source(BaseModel):
@@ -62,6 +67,13 @@ def parse_interval(text: str) -> int:
     return seconds
 
 
+def _spelled(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def source_id_for(tenant: str, url: str) -> str:
     """A stable id of a tenant's source URL."""
     return hashlib.sha256(f"{tenant}\n{url}".encode()).hexdigest()[:16]
@@ -74,10 +86,12 @@ def _check_url(url: str) -> str:
 
 
 class SourceRegistry:
-    """Add, list and remove sources; claim due runs for exactly one runner."""
+    """Add, list and remove sources; claim due runs for exactly one runner. No source is
+    registered to run more often than every `min_every_s` (tests of the schedule lower it)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, min_every_s: int = MIN_EVERY_S) -> None:
         self._redis = client
+        self.min_every_s = min_every_s
 
     def _key(self, tenant: str) -> str:
         return f"webctx:sources:{tenant}"
@@ -87,8 +101,14 @@ class SourceRegistry:
         return f"{tenant}/{source_id}"
 
     def add(self, tenant: str, url: str, *, every_s: int, kind: SourceKind = "auto") -> Source:
-        """Register (or update) a source; it is due at once."""
+        """Register (or update) a source; it is due at once. InvalidRequest for an interval
+        below `min_every_s`."""
         check_tenant(tenant)
+        if every_s < self.min_every_s:
+            raise InvalidRequest(
+                f"refresh interval {every_s} s is below the minimum of {self.min_every_s} s "
+                f"(every {_spelled(self.min_every_s)}; `sources refresh` re-indexes now)"
+            )
         _check_url(url)
         source_id = source_id_for(tenant, url)
         previous = self.get(tenant, source_id)
