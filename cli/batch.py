@@ -16,7 +16,7 @@ import typer
 from kombu.exceptions import OperationalError
 
 from webctx.cli.common import fail, state_stores
-from webctx.errors import WebctxError
+from webctx.errors import InvalidRequest, WebctxError
 from webctx.jobs.batch_items import BatchItem, parse_items
 from webctx.jobs.batches import BatchStatus, BatchStore
 from webctx.settings import Settings, get_settings
@@ -203,9 +203,23 @@ def _write_results(store: BatchStore, batch_id: str, out: Path | None) -> int:
     return count
 
 
+BatchRef = Annotated[
+    str, typer.Argument(help="The batch's id, or a unique prefix of it (4 characters at least).")
+]
+
+
+def _batch_id(store: BatchStore, settings: Settings, ref: str) -> str:
+    """The batch `ref` names: its id, or a unique prefix of one of the local tenant's
+    batches' ids (exit 2 for one too short or shared, 1 when no batch has it)."""
+    try:
+        return store.resolve(settings.local_tenant, ref)
+    except InvalidRequest as exc:
+        raise fail(str(exc)) from exc
+
+
 @batch.command("status")
 def status(
-    batch_id: str,
+    batch_id: BatchRef,
     format: Annotated[StatusFormat, typer.Option("--format", "-f")] = StatusFormat.json,
 ) -> None:
     """Print a batch's counts, ETA and accounting."""
@@ -213,7 +227,7 @@ def status(
 
     settings = get_settings()
     with _batches(settings) as store:
-        store.meta(batch_id)
+        batch_id = _batch_id(store, settings, batch_id)
         feed_batch(store, settings, batch_id)
         found = store.status(batch_id, price_per_1k_tokens=settings.batch.price_per_1k_tokens)
     if format is StatusFormat.text:
@@ -224,18 +238,21 @@ def status(
 
 @batch.command("results")
 def results(
-    batch_id: str,
+    batch_id: BatchRef,
     out: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
 ) -> None:
     """Write one JSONL line per finished item, in input order."""
-    with _batches(get_settings()) as store:
-        count = _write_results(store, batch_id, out)
+    settings = get_settings()
+    with _batches(settings) as store:
+        count = _write_results(store, _batch_id(store, settings, batch_id), out)
     typer.echo(f"{count} results", err=True)
 
 
 @batch.command("cancel")
-def cancel(batch_id: str) -> None:
+def cancel(batch_id: BatchRef) -> None:
     """Cancel a batch: queued items never start, running ones stop."""
-    with _batches(get_settings()) as store:
+    settings = get_settings()
+    with _batches(settings) as store:
+        batch_id = _batch_id(store, settings, batch_id)
         store.cancel(batch_id)
         typer.echo(describe(store.status(batch_id)), err=True)

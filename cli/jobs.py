@@ -282,30 +282,60 @@ def _wait_and_print(
         raise fail(f"job {job_id} {progress.status.value}: {progress.error or ''}", code=1)
 
 
-def status(job_id: str) -> None:
+JobRef = Annotated[
+    str, typer.Argument(help="The job's id, or a unique prefix of it (4 characters at least).")
+]
+
+
+def job_id_of(jobs: JobStore, ref: str) -> str:
+    """The job `ref` names: its full id, or a unique prefix of one of the local tenant's
+    (WEBCTX_LOCAL_TENANT) jobs' ids (webctx/jobs/refs.py). Exit 2 for a prefix too short
+    or shared by several jobs, 1 when no job has it."""
+    from webctx.errors import InvalidRequest, JobNotFound
+    from webctx.jobs.refs import pick
+    from webctx.settings import get_settings
+
+    tenant = get_settings().local_tenant
+    try:
+        return pick("job", ref, exists=jobs.exists,
+                    with_prefix=lambda p: jobs.stored.jobs_with_prefix(tenant, p))  # fmt: skip
+    except InvalidRequest as exc:
+        raise fail(str(exc)) from exc
+    except JobNotFound as exc:
+        raise fail(str(exc), code=1) from exc
+
+
+def _echo_progress(progress: JobProgress) -> None:
+    typer.echo(json.dumps({**progress.__dict__, "status": progress.status.value}))
+
+
+def status(job_id: JobRef) -> None:
     """Print a job's progress as JSON."""
     from webctx.settings import get_settings
     from webctx.workers.deps import state_stores
 
-    settings = get_settings()
     try:
-        progress = state_stores(settings).jobs.progress(job_id)
+        jobs = state_stores(get_settings()).jobs
+        progress = jobs.progress(job_id_of(jobs, job_id))
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
-    typer.echo(json.dumps({**progress.__dict__, "status": progress.status.value}))
+    _echo_progress(progress)
 
 
 def bundle(
-    job_id: str,
+    job_id: JobRef,
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
 ) -> None:
     """Print a finished job's bundle."""
     from webctx.settings import get_settings
     from webctx.workers.deps import state_stores
 
-    found = state_stores(get_settings()).jobs.bundle(job_id)
+    jobs = state_stores(get_settings()).jobs
+    full = job_id_of(jobs, job_id)
+    found = jobs.bundle(full)
     if found is None:
-        raise fail(f"job {job_id} has no bundle (unknown, expired or still running)", code=1)
+        why = "expired" if not jobs.exists(full) else f"{jobs.status(full).value}"
+        raise fail(f"job {full} has no bundle ({why})", code=1)
     print_bundle(found, format)
 
 

@@ -70,9 +70,12 @@ FAMILIES: tuple[KeyFamily, ...] = (
     KeyFamily("webctx:tenant:{tenant}:pages", _JOBS, "ttl", "tenant",
               "the tenant's pages by hash and URL (get_source sees only these)"),
     KeyFamily("webctx:tenant:{tenant}:stored", "webctx.jobs.quota", "ttl", "tenant",
-              "the tenant's jobs that hold bytes, by when they expire (the quota's index)"),
+              "the tenant's jobs that hold bytes, by when they expire (the quota's index; "
+              "job ids by prefix)"),
     KeyFamily("webctx:tenant:{tenant}:stored-bytes", "webctx.jobs.quota", "ttl", "tenant",
               "bytes each of those jobs holds (request and bundle), and their sum"),
+    KeyFamily("webctx:tenant:{tenant}:batches", _BATCHES, "ttl", "tenant",
+              "the tenant's batch ids by when their records expire (ids by prefix)"),
     KeyFamily("webctx:idem:{tenant}:{digest}", _JOBS, "ttl", "tenant",
               "the job an Idempotency-Key named"),
     KeyFamily("webctx:batches:running", _BATCHES, "none", "shared",

@@ -11,6 +11,8 @@ A batch record lives in Redis beside the jobs; item `i` runs as job `<batch_id>-
     webctx:batch:<id>:stats      hash  summed job counters, failures by reason
     webctx:batchname:<tenant>:<sha(name)>   the batch id of a name (resubmission)
     webctx:batches:running       set   batch ids still feeding (fair shares)
+    webctx:tenant:<tenant>:batches  zset  the tenant's batch ids -> when created + TTL
+                                       (ids by prefix: webctx.jobs.refs)
 
 `feed` is the one step that moves a batch: under a short lock it settles finished
 in-flight items, then starts as many new ones as the batch, its tenant's share and the
@@ -33,6 +35,7 @@ import redis
 
 from webctx.errors import BatchConflict, BatchNotFound, JobNotFound
 from webctx.jobs.batch_items import BatchItem, batch_of_job, item_job_id, items_sha
+from webctx.jobs.refs import live_with_prefix, pick
 from webctx.jobs.store import JobStore
 from webctx.models import JobRequest, JobStatus
 
@@ -150,7 +153,28 @@ class BatchStore:
         pipe.hset(self._k(batch_id), mapping=meta)
         pipe.sadd(_RUNNING, batch_id)
         self._expire(pipe, batch_id)
+        # A batch's records outlive this entry only while it keeps writing past its TTL:
+        # then its full id still names it.
+        index, now = self._index(tenant), time.time()
+        pipe.zadd(index, {batch_id: now + self.ttl_s})
+        pipe.zremrangebyscore(index, "-inf", now)
+        pipe.expire(index, self.ttl_s)
         pipe.execute()
+
+    def _index(self, tenant: str) -> str:
+        return f"webctx:tenant:{tenant}:batches"
+
+    def resolve(self, tenant: str, ref: str) -> str:
+        """The batch `ref` names: its full id, or a unique prefix of one of the tenant's
+        batches' ids (webctx.jobs.refs.pick: BatchNotFound, or InvalidRequest)."""
+        index = self._index(tenant)
+        return pick(
+            "batch",
+            ref,
+            exists=lambda b: bool(self._redis.hexists(self._k(b), "file_sha")),
+            with_prefix=lambda p: live_with_prefix(self._redis, index, p),
+            not_found=BatchNotFound,
+        )
 
     # -- reading ------------------------------------------------------------------------
     def meta(self, batch_id: str) -> dict[str, str]:

@@ -18,6 +18,7 @@ import time
 import redis
 
 from webctx.errors import QuotaExceeded
+from webctx.jobs.refs import live_with_prefix
 
 # KEYS: stored (zset), bytes (hash). ARGV: now, expires_at, ttl_s, job_id, nbytes, limit.
 # Returns {1, total} when added, {0, total} when the limit refused it (nothing written).
@@ -95,6 +96,11 @@ class StoredBytes:
     def total(self, tenant: str) -> int:
         """Bytes the tenant's live jobs hold (expired ones dropped first)."""
         return self._run(tenant, "", 0, 0)[1]
+
+    def jobs_with_prefix(self, tenant: str, prefix: str) -> list[str]:
+        """Ids of the tenant's live jobs that start with `prefix`: one ZSCAN of this index
+        of them (`webctx.jobs.refs`)."""
+        return live_with_prefix(self._redis, self._keys(tenant)[0], prefix)
 
 
 def _refused(tenant: str, total: int, nbytes: int, limit: int) -> QuotaExceeded:
