@@ -92,16 +92,9 @@ def _hand(data_dir: Path, fields: dict[str, Any], take_s: float) -> dict[str, An
     reply = f"{REPLY_PREFIX}{uuid.uuid4().hex}"
     item = json.dumps({**fields, "reply": reply, "expires": time.time() + take_s})
     try:
-        with RespConnection(info.socket) as conn:
-            conn.call("RPUSH", INBOX_KEY, item)
-            conn.call("EXPIRE", INBOX_KEY, INBOX_TTL_S)
-            answer = conn.call("BLPOP", reply, take_s, timeout_s=take_s + 5)
-            if answer is None and conn.call("LREM", INBOX_KEY, 1, item) == 0:
-                # Taken meanwhile: the service is submitting it.
-                answer = conn.call("BLPOP", reply, ANSWER_S, timeout_s=ANSWER_S + 5)
-                if answer is None:
-                    return {"error": "the local service took the request but did not answer "
-                                     f"in {ANSWER_S:g} s", "code": 1}  # fmt: skip
+        answer = _exchange(info.socket, item, reply, take_s)
+    except KeyboardInterrupt:
+        return _interrupted(info.socket, item, reply)
     except OSError as exc:  # the service went away: the command submits by itself
         logger.debug("inbox unreachable", extra={"error": str(exc)})
         return None
@@ -110,6 +103,34 @@ def _hand(data_dir: Path, fields: dict[str, Any], take_s: float) -> dict[str, An
     assert isinstance(answer, list) and isinstance(answer[1], bytes)
     found: dict[str, Any] = json.loads(answer[1])
     return None if found.get("expired") else found
+
+
+def _exchange(socket: str, item: str, reply: str, take_s: float) -> object:
+    """Push `item`, wait for its reply (None: not taken in `take_s`, and taken back)."""
+    with RespConnection(socket) as conn:
+        conn.call("RPUSH", INBOX_KEY, item)
+        conn.call("EXPIRE", INBOX_KEY, INBOX_TTL_S)
+        answer = conn.call("BLPOP", reply, take_s, timeout_s=take_s + 5)
+        if answer is None and conn.call("LREM", INBOX_KEY, 1, item) == 0:
+            # Taken meanwhile: the service is submitting it.
+            answer = conn.call("BLPOP", reply, ANSWER_S, timeout_s=ANSWER_S + 5)
+            if answer is None:
+                late = f"the local service took the request but did not answer in {ANSWER_S:g} s"
+                return [b"", json.dumps({"error": late, "code": 1}).encode()]
+        return answer
+
+
+def _interrupted(socket: str, item: str, reply: str) -> dict[str, Any]:
+    """Ctrl-C while the service had the request: KeyboardInterrupt again when it had not
+    taken it yet (taken back: nothing was submitted), else its answer marked
+    `interrupted`, so that the command cancels the job it names."""
+    with RespConnection(socket) as conn:
+        if conn.call("LREM", INBOX_KEY, 1, item) == 1:
+            raise KeyboardInterrupt
+        answer = conn.call("BLPOP", reply, ANSWER_S, timeout_s=ANSWER_S + 5)
+    reply_value = answer[1] if isinstance(answer, list) else None
+    found = json.loads(reply_value) if isinstance(reply_value, bytes) else {}
+    return {**found, "interrupted": True}
 
 
 def validation_problems(exc: ValidationError) -> str:

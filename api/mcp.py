@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from webctx import __version__
 from webctx.api.deps import wait_for_finish
-from webctx.api.runtime import Caller, Runtime, owned_progress, submit
+from webctx.api.runtime import Caller, Runtime, cancel, owned_progress, submit
 from webctx.errors import JobNotFound, WebctxError
 from webctx.index.search import IndexHit
 from webctx.jobs.store import JobProgress
@@ -223,7 +223,7 @@ async def await_bundle(
         if cancel_job:
             with anyio.CancelScope(shield=True):  # the client gave up: stop the job's work
                 await anyio.to_thread.run_sync(
-                    lambda: runtime.jobs.set_status(job_id, JobStatus.CANCELLED, error="cancelled")
+                    lambda: cancel(runtime, job_id, reason="cancelled: the MCP call was given up")
                 )
         raise
     if not progress.finished:

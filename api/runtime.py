@@ -31,7 +31,7 @@ from webctx.errors import (
 )
 from webctx.jobs.store import JobProgress, JobStore
 from webctx.jobs.tenants import TenantStore
-from webctx.models import JobRequest
+from webctx.models import JobRequest, JobStatus
 from webctx.settings import Settings
 from webctx.workers.deps import StateStores
 
@@ -149,6 +149,19 @@ def owned_progress(runtime: Runtime, caller: Caller, job_id: str) -> JobProgress
     """The job's progress if `caller`'s tenant owns it; JobNotFound otherwise (no leak)."""
     if len(job_id) > 64 or runtime.jobs.tenant(job_id) != caller.tenant:
         raise JobNotFound(job_id)
+    return runtime.jobs.progress(job_id)
+
+
+def cancel(
+    runtime: Runtime, job_id: str, *, reason: str = "cancelled by the client"
+) -> JobProgress:
+    """Cancel a queued or running job (DELETE /v1/jobs/{id}, an MCP call given up, `webctx
+    cancel`, Ctrl-C on `webctx research`): every task of it checks the job first and then
+    returns, so no further search, fetch or embed runs and no bundle is made. A finished
+    job is left as it is. Its progress after."""
+    if not runtime.jobs.progress(job_id).finished:
+        runtime.jobs.set_status(job_id, JobStatus.CANCELLED, error=reason)
+        logger.info("job cancelled", extra={"job_id": job_id, "reason": reason})
     return runtime.jobs.progress(job_id)
 
 

@@ -15,6 +15,7 @@ cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 cli.command()(jobs.research)
 cli.command()(jobs.status)
 cli.command()(jobs.bundle)
+cli.command()(jobs.cancel)
 cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     serve.worker
 )

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import webctx
+from webctx.cli.interrupt import Interrupted, waits
 
 HELP = frozenset({"--help", "-h"})
 RESEARCH_MODULE = Path(__file__).with_name("jobs.py")
@@ -47,6 +48,10 @@ def hand_over_early(argv: list[str]) -> str | None:
     if answer is None or answer.get("unparsed"):
         return None
     if "job_id" in answer:
+        if answer.get("interrupted") and waits(argv):  # Ctrl-C while it was submitted
+            raise Interrupted(str(answer["job_id"]))  # a --no-wait job: its id is printed
         return str(answer["job_id"])
+    if answer.get("interrupted"):
+        raise KeyboardInterrupt
     sys.stderr.write(f"error: {answer.get('error')}\n")
     raise SystemExit(int(answer.get("code") or 1))

@@ -15,6 +15,7 @@ import typer
 
 from webctx.cli.collector import settle
 from webctx.cli.common import OutputFormat, fail, print_bundle
+from webctx.cli.interrupt import Interrupted, watch
 from webctx.errors import WebctxError
 
 if TYPE_CHECKING:
@@ -84,9 +85,12 @@ def research(
                        include_domains=include_domains, exclude_domains=exclude_domains,
                        recency_days=recency_days, max_age=max_age,
                        stale_if_error=stale_if_error)  # fmt: skip
-    job_id = _handed.pop() if _handed else _hand_to_service(options, idempotency_key)
+    job_id = _handed.pop() if _handed else None
+    if job_id is None:
+        job_id = _hand_to_service(options, idempotency_key, wait=not no_wait)
     if job_id is None:
         job_id = _submit(_request(options), idempotency_key)
+    watch(None if no_wait else job_id)  # Ctrl-C cancels a job waited for (cli/interrupt.py)
     settle()  # what the submission loaded stays; the wait collects as usual
     if no_wait:
         typer.echo(job_id)
@@ -158,7 +162,9 @@ def _research_command() -> Any:
     return typer.main.get_command(research_cli()).get_command(None, "research")  # type: ignore[attr-defined]
 
 
-def _hand_to_service(options: dict[str, Any], idempotency_key: str | None) -> str | None:
+def _hand_to_service(
+    options: dict[str, Any], idempotency_key: str | None, *, wait: bool
+) -> str | None:
     """The job id when the running local service took the request, else None (a broker is
     set, no service runs yet, or it runs with other settings): the command submits."""
     from webctx.workers.service_client import local_data_dir
@@ -173,6 +179,8 @@ def _hand_to_service(options: dict[str, Any], idempotency_key: str | None) -> st
         return None
     if "job_id" not in answer:
         raise fail(str(answer.get("error")), code=int(answer.get("code") or 1))
+    if answer.get("interrupted") and wait:  # Ctrl-C while the service submitted it
+        raise Interrupted(str(answer["job_id"]))
     return str(answer["job_id"])
 
 
@@ -337,6 +345,33 @@ def bundle(
         why = "expired" if not jobs.exists(full) else f"{jobs.status(full).value}"
         raise fail(f"job {full} has no bundle ({why})", code=1)
     print_bundle(found, format)
+
+
+def cancel(job_id: JobRef) -> None:
+    """Cancel a queued or running job: its tasks stop, it makes no bundle; print its progress."""
+    import redis
+
+    from webctx.api.runtime import cancel as cancel_job
+    from webctx.api.runtime import open_runtime
+    from webctx.models import JobStatus
+    from webctx.settings import get_settings
+
+    try:
+        with open_runtime(get_settings()) as runtime:
+            full = job_id_of(runtime.jobs, job_id)
+            before = runtime.jobs.status(full)
+            progress = cancel_job(runtime, full)
+    except WebctxError as exc:
+        raise fail(str(exc), code=1) from exc
+    except redis.RedisError as exc:
+        raise fail(f"job state store unreachable: {exc}", code=1) from exc
+    if before is JobStatus.CANCELLED:
+        typer.echo(f"job {full} was cancelled already", err=True)
+    elif progress.status is JobStatus.CANCELLED:
+        typer.echo(f"cancelled job {full}", err=True)
+    else:
+        typer.echo(f"job {full} had {progress.status.value} already: left as it is", err=True)
+    _echo_progress(progress)
 
 
 def research_cli(*, handed: str | None = None) -> typer.Typer:

@@ -10,6 +10,7 @@ import sys
 from typing import NoReturn
 
 from webctx.cli.collector import SETTLES_ITSELF, settle
+from webctx.cli.interrupt import INTERRUPTED_EXIT, Interrupted, waits, watch
 
 
 def main() -> None:
@@ -28,6 +29,8 @@ def main() -> None:
         from webctx.cli.handover import hand_over_early
 
         handed = hand_over_early(sys.argv[2:])  # before the parser loads, when it can
+        if handed is not None and waits(sys.argv[2:]):
+            watch(handed)  # Ctrl-C from here on cancels it (webctx.cli.interrupt)
         from webctx.cli.jobs import research_cli
 
         cli = research_cli(handed=handed)
@@ -44,9 +47,19 @@ def main() -> None:
 
 def entry() -> None:
     """The `webctx` console script (and `python -m webctx.cli`): `main`, after which a
-    finished `webctx research` leaves at once."""
+    finished `webctx research` leaves at once, and one interrupted cancels its job."""
     try:
-        main()
+        try:
+            main()
+        except Interrupted as stop:
+            from webctx.cli.interrupt import cancel_interrupted
+
+            cancel_interrupted(stop.job_id)
+        except KeyboardInterrupt:
+            if sys.argv[1:2] != ["research"]:
+                raise
+            sys.stderr.write("interrupted: no job was submitted\n")
+            raise SystemExit(INTERRUPTED_EXIT) from None
     except SystemExit as done:
         if sys.argv[1:2] == ["research"]:
             _leave(done)

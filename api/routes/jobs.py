@@ -14,7 +14,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
 from webctx.api.deps import CallerDep, RuntimeDep
-from webctx.api.runtime import Runtime, owned_progress, submit
+from webctx.api.runtime import Runtime, cancel, owned_progress, submit
 from webctx.errors import Conflict, JobNotFound
 from webctx.jobs.fanin import failure_bundle
 from webctx.jobs.store import JobProgress
@@ -220,11 +220,4 @@ def cancel_job(job: OwnedJob, runtime: RuntimeDep) -> JobOut:
 
     A finished job is left as it is (and returned as it is).
     """
-    if not job.finished:
-        cancel(runtime, job.job_id)
-    return job_out(runtime.jobs.progress(job.job_id))
-
-
-def cancel(runtime: Runtime, job_id: str) -> None:
-    """Mark the job cancelled: every task checks `is_active` first and then returns."""
-    runtime.jobs.set_status(job_id, JobStatus.CANCELLED, error="cancelled by the client")
+    return job_out(cancel(runtime, job.job_id))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +22,8 @@ import redis
 from tests.conftest import ROOT
 from webctx.api.inbox import INBOX_KEY, REPLY_PREFIX, _answer, hand_over
 from webctx.cli.handover import definition
+from webctx.jobs.store import JobStore
+from webctx.models import JobRequest, JobStatus
 from webctx.workers.resp import RespConnection, RespError
 from webctx.workers.service_client import ADDRESS_FILE, LOCK_FILE, settings_fingerprint
 from webctx.workers.state_server import state_server_url
@@ -211,3 +214,45 @@ def test_a_refused_request_gets_the_services_error_and_exit_code(
     done = _research(service, "why?")
     assert done.returncode == 2
     assert done.stderr.strip().endswith("error: invalid request: max_sources: too many")
+
+
+def _research_process(*words: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "webctx.cli", "research", *words],
+                            cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_a_ctrl_c_before_the_service_takes_the_request_withdraws_it(
+    data_dir: Path, valkey: str
+) -> None:
+    client = redis.Redis(unix_socket_path=valkey)
+    research = _research_process("why?")  # nobody serves the inbox: the item waits there
+    deadline = time.monotonic() + 30
+    while client.llen(INBOX_KEY) == 0:
+        assert time.monotonic() < deadline and research.poll() is None
+        time.sleep(0.01)
+    research.send_signal(signal.SIGINT)
+    _, err = research.communicate(timeout=30)
+    assert research.returncode == 130
+    assert err.strip() == "interrupted: no job was submitted"
+    assert client.llen(INBOX_KEY) == 0  # withdrawn: nothing is submitted later
+
+
+def test_a_ctrl_c_while_the_service_submits_cancels_the_job_it_names(
+    data_dir: Path, valkey: str
+) -> None:
+    jobs = JobStore(redis.Redis(unix_socket_path=valkey, decode_responses=True))
+    job_id = jobs.create(JobRequest(question="why?"), tenant="local")
+    running: list[subprocess.Popen[str]] = []
+
+    def interrupt_it(item: dict[str, Any]) -> None:  # it waits for the job id meanwhile
+        running[0].send_signal(signal.SIGINT)
+        time.sleep(0.3)
+
+    service = _serve(valkey, {"job_id": job_id}, on_take=interrupt_it)
+    running.append(_research_process("why?"))
+    _, err = running[0].communicate(timeout=60)
+    service.join(5)
+    assert running[0].returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == f"cancelled job {job_id}"
+    assert jobs.status(job_id) is JobStatus.CANCELLED

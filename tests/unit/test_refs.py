@@ -1,6 +1,6 @@
 """Jobs and batches named by a unique prefix of their id, among one tenant's (the ids the
-progress lines show are 8 characters): real Redis, and `webctx status`, `bundle`
-and `batch status` / `cancel` as subprocesses (no worker: a job or a batch that
+progress lines show are 8 characters): real Redis, and `webctx status`, `bundle`,
+`cancel` and `batch status` / `cancel` as subprocesses (no worker: a job or a batch that
 is only queued can be looked up and cancelled)."""
 
 from __future__ import annotations
@@ -89,6 +89,14 @@ def test_the_cli_takes_the_short_ids_it_shows(redis_client: redis.Redis, tmp_pat
     assert no_bundle.returncode == 1 and f"job {job_id} has no bundle (queued)" in no_bundle.stderr
     short = run_cli(env, "status", job_id[:3])
     assert short.returncode == 2 and "too short" in short.stderr
+    cancelled = run_cli(env, "cancel", job_id[:8])
+    assert cancelled.returncode == 0, cancelled.stderr[-2000:]
+    assert cancelled.stderr.strip() == f"cancelled job {job_id}"
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    again = run_cli(env, "cancel", job_id)
+    assert again.returncode == 0 and "was cancelled already" in again.stderr
+    unknown = run_cli(env, "cancel", "0123abcd")
+    assert unknown.returncode == 1 and "not found" in unknown.stderr
 
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"id": "a", "question": "what is a heat pump?"}) + "\n")
