@@ -72,15 +72,22 @@ def hand_over(
 
 
 def hand_over_argv(
-    data_dir: Path, argv: list[str], *, definition: str, take_s: float = TAKE_S
+    data_dir: Path,
+    argv: list[str],
+    *,
+    definition: str,
+    names: list[str] | None = None,
+    take_s: float = TAKE_S,
 ) -> dict[str, Any] | None:
     """Hand the service a `webctx research` command line as typed, before this process has
     loaded the command line's parser (typer and pydantic, ~0.1 s): the service parses it
     with the same command's definition (`definition`: which file defined it, and its
     version) and submits it. Its answer as `hand_over`'s, or {"unparsed": true} when it
     did not parse it (another definition, a usage error: nothing was submitted, the
-    command parses and says why)."""
-    return _hand(data_dir, {"argv": argv, "definition": definition}, take_s)
+    command parses and says why). `names`: this process's WEBCTX_ variables' names; the
+    answer's "warnings" say which set nothing (the settings that know them are loaded
+    there, not here)."""
+    return _hand(data_dir, {"argv": argv, "definition": definition, "names": names}, take_s)
 
 
 def _hand(data_dir: Path, fields: dict[str, Any], take_s: float) -> dict[str, Any] | None:
@@ -144,10 +151,13 @@ class CommandLines:
     layer's): `parse` (the command line, the client's definition) -> (the request, the
     idempotency key), or None when it does not parse here; `warm` loads what parsing
     needs (~80 ms the first time) when no task runs, True once it did: asked each time
-    the inbox has been idle for POP_S, until then."""
+    the inbox has been idle for POP_S, until then; `warnings` (the client's WEBCTX_
+    variables' names) -> the lines the command would print about names that set nothing
+    (the service reads the same config file: the settings' fingerprints are equal)."""
 
     parse: Callable[[Any, Any], tuple[dict[str, Any], str | None] | None]
     warm: Callable[[], bool]
+    warnings: Callable[[list[str]], list[str]] | None = None
 
 
 def serve_inbox(
@@ -198,6 +208,9 @@ def _answer(
         if command_lines is not None:
             parsed = command_lines.parse(item["argv"], item.get("definition"))
         answer = {"unparsed": True} if parsed is None else submit_handed(runtime, *parsed)
+        names = item.get("names")
+        if "job_id" in answer and command_lines and command_lines.warnings and names:
+            answer["warnings"] = command_lines.warnings([str(n) for n in names])
     else:
         answer = submit_handed(runtime, item.get("request"), item.get("idempotency_key"))
     conn.call("LPUSH", reply, json.dumps(answer))

@@ -6,7 +6,7 @@ import typer
 
 from webctx.cli import jobs, serve
 from webctx.cli.batch import batch
-from webctx.cli.config import config
+from webctx.cli.config_set import config_app
 from webctx.cli.keys import keys
 from webctx.cli.service import service
 from webctx.cli.sources import search, sources
@@ -27,4 +27,4 @@ cli.command()(serve.mcp)
 cli.add_typer(sources, name="sources")
 cli.add_typer(service, name="service")
 cli.command("search")(search)
-cli.command()(config)
+cli.add_typer(config_app, name="config")

@@ -44,10 +44,13 @@ def hand_over_early(argv: list[str]) -> str | None:
     data_dir = local_data_dir(dict(os.environ))
     if data_dir is None or HELP & set(argv):
         return None
-    answer = hand_over_argv(data_dir, argv, definition=definition())
+    names = [name for name in os.environ if name.upper().startswith("WEBCTX_")]
+    answer = hand_over_argv(data_dir, argv, definition=definition(), names=names)
     if answer is None or answer.get("unparsed"):
         return None
     if "job_id" in answer:
+        for line in answer.get("warnings") or ():  # what the command would have said
+            sys.stderr.write(f"{line}\n")
         if answer.get("interrupted") and waits(argv):  # Ctrl-C while it was submitted
             raise Interrupted(str(answer["job_id"]))  # a --no-wait job: its id is printed
         return str(answer["job_id"])

@@ -25,6 +25,7 @@ def main() -> None:
 
     reach_early(sys.argv[1:], dict(os.environ))
     command = sys.argv[1] if len(sys.argv) > 1 else ""
+    handed = None
     if command == "research":  # its own modules only, before its job is submitted
         from webctx.cli.handover import hand_over_early
 
@@ -36,6 +37,13 @@ def main() -> None:
         cli = research_cli(handed=handed)
     else:
         from webctx.cli.app import cli
+    # `webctx config` says it among the rest; the service said it for a `webctx research`
+    # it took (webctx/cli/handover.py).
+    shows_config = command == "config" and sys.argv[2:3] not in (["set"], ["unset"], ["path"])
+    if not shows_config and handed is None:
+        from webctx.cli.config_set import warn_about_names
+
+        warn_about_names(os.environ)
     if command not in SETTLES_ITSELF:
         settle(collect=True)  # workers, servers and batch feeders run for long
     try:

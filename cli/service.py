@@ -28,6 +28,7 @@ def service_run() -> None:
     from functools import partial
 
     from webctx.api.inbox import INBOX_KEY, CommandLines, serve_inbox
+    from webctx.cli.config import names_warnings
     from webctx.cli.jobs import request_of_argv, warm_research_parser
     from webctx.logging import configure_logging
     from webctx.workers.service import run_service
@@ -40,7 +41,7 @@ def service_run() -> None:
     import webctx.workers.app  # noqa: F401
 
     # The inbox reads `webctx research` command lines as typed, too (webctx/cli/handover.py).
-    lines = CommandLines(parse=request_of_argv, warm=warm_research_parser)
+    lines = CommandLines(parse=request_of_argv, warm=warm_research_parser, warnings=names_warnings)
     inbox = partial(serve_inbox, settings, command_lines=lines)
     raise typer.Exit(run_service(settings, inbox=(INBOX_KEY, inbox)))
 

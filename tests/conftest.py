@@ -25,6 +25,10 @@ from pathlib import Path
 _SCRATCH = tempfile.mkdtemp(prefix="webctx-test-data-")
 atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
 os.environ["WEBCTX_DATA_DIR"] = _SCRATCH
+# Nor the user's config file (~/.config/webctx/config.toml): every test process, and each
+# subprocess (`clean_env` passes it on), reads one that does not exist unless a test
+# points WEBCTX_CONFIG_FILE at its own.
+os.environ["WEBCTX_CONFIG_FILE"] = os.path.join(_SCRATCH, "no-config.toml")
 
 import pytest  # noqa: E402
 import redis  # noqa: E402
@@ -172,11 +176,12 @@ def stop_state_server(data_dir: Path) -> None:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without webctx/Celery/OpenAI settings (but the test's
-    WEBCTX_DATA_DIR), plus `extra`."""
+    WEBCTX_DATA_DIR and WEBCTX_CONFIG_FILE), plus `extra`."""
     prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    if "WEBCTX_DATA_DIR" in os.environ:
-        env["WEBCTX_DATA_DIR"] = os.environ["WEBCTX_DATA_DIR"]
+    for kept in ("WEBCTX_DATA_DIR", "WEBCTX_CONFIG_FILE"):
+        if kept in os.environ:
+            env[kept] = os.environ[kept]
     env["PYTHONPATH"] = str(ROOT)
     # A local service a test leaves behind (its fixture kills it) exits on its own too.
     env["WEBCTX_SERVICE_IDLE_S"] = "60"

@@ -1,4 +1,5 @@
-"""One Settings object, read from the environment. Only entry points call `get_settings()`."""
+"""One Settings object, read from the environment, then the user's config file
+(webctx/config_file.py). Only entry points call `get_settings()`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from webctx.env_names import RenamedEnvSource
+from webctx.env_names import ConfigFileSource, RenamedEnvSource
 from webctx.protocols import VectorDatatype
 
 
@@ -358,8 +359,8 @@ class Settings(BaseSettings):
     """The local service (no `CELERY_BROKER_URL`) exits after this many seconds with no task
     running, no message queued and no client request; the next client starts it again (about 2–3
     s). `0`: it runs until stopped. Stop it by hand with `webctx service stop` (its queued tasks
-    wait in Valkey for the next start); `webctx service status` shows it. The service runs with
-    the environment of the client that started it: after changing settings, stop it."""
+    wait in Valkey for the next start); `webctx service status` shows it. A client with other
+    settings restarts it when idle (docs/configuration.md, "The local service")."""
     visibility_timeout_s: int = 1800
     """Redis broker: an unacked task (its worker was SIGKILLed) is redelivered after this many
     seconds, even while it still runs; also how long a job waits for it. Keep it above the task
@@ -461,14 +462,10 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The usual sources, then the deprecated names (lowest: a current name wins)."""
-        return (
-            init_settings,
-            env_settings,
-            dotenv_settings,
-            file_secret_settings,
-            RenamedEnvSource(settings_cls),
-        )
+        """The usual sources, the deprecated names (a current name wins), then the config
+        file (lowest: the environment overrides it)."""
+        return (init_settings, env_settings, dotenv_settings, file_secret_settings,
+                RenamedEnvSource(settings_cls), ConfigFileSource(settings_cls))  # fmt: skip
 
     @model_validator(mode="after")
     def _state_paths(self) -> Settings:

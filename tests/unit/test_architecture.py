@@ -33,7 +33,7 @@ FLOORS: list[set[str]] = [
         "webctx.allocator",
     },
     {"webctx.protocols", "webctx.tokens"},
-    {"webctx.env_names", "webctx.settings", "webctx.devweb"},
+    {"webctx.config_file", "webctx.env_names", "webctx.settings", "webctx.devweb"},
     {"webctx.net"},
     {"webctx.stages"},
     {"webctx.jobs", "webctx.adapters"},

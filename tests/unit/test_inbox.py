@@ -256,3 +256,27 @@ def test_a_ctrl_c_while_the_service_submits_cancels_the_job_it_names(
     assert running[0].returncode == 130, err[-3000:]
     assert err.strip().splitlines()[-1] == f"cancelled job {job_id}"
     assert jobs.status(job_id) is JobStatus.CANCELLED
+
+
+def test_a_handed_research_prints_the_services_warnings_about_its_variables_names(
+    data_dir: Path, valkey: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Names only go to the service (which has the settings loaded), never the values.
+    monkeypatch.setenv("WEBCTX_SEARXNG_ULR", "http://127.0.0.1:9/secret-path")
+    _address(data_dir, valkey, inbox=INBOX_KEY)  # the fingerprint of this environment
+    warning = "warning: WEBCTX_SEARXNG_ULR is not a webctx setting (ignored)"
+    service = _serve(valkey, {"job_id": "job-8", "warnings": [warning]})
+    done = _research(service, "why?", "--no-wait")
+    assert done.returncode == 0 and done.stdout.strip() == "job-8", done.stderr
+    assert done.stderr.splitlines() == [warning]  # said once: the command does not again
+    (item,) = service.taken  # type: ignore[attr-defined]
+    assert "WEBCTX_SEARXNG_ULR" in item["names"] and "secret-path" not in json.dumps(item)
+
+
+def test_the_service_names_the_variables_that_set_nothing() -> None:
+    from webctx.cli.config import names_warnings
+
+    assert names_warnings(["WEBCTX_SEARXNG_URL", "WEBCTX_FETCH__MAX_BYTE", "WEBCTX_TEST_X"]) == [
+        "warning: WEBCTX_FETCH__MAX_BYTE is not a webctx setting (ignored); "
+        "did you mean WEBCTX_FETCH__MAX_BYTES?"
+    ]

@@ -52,6 +52,8 @@ def run_demo(question: str, *, fmt: str = "markdown") -> int:
         # pages must not land in the user's caches.
         env["WEBCTX_DATA_DIR"] = tmp
         env["WEBCTX_QDRANT_PATH"] = os.path.join(tmp, "qdrant")
+        # Nor the user's config file (a Redis, an embedder of theirs): the demo's settings.
+        env["WEBCTX_CONFIG_FILE"] = os.path.join(tmp, "no-config.toml")
         cmd = [
             sys.executable,
             "-m",
