@@ -66,12 +66,21 @@ class Runtime:
         Best effort: a broker not answering yet leaves it to the first submission."""
         threading.Thread(target=_warm_submission, name="webctx-warm-submit", daemon=True).start()
 
-    def keep_service(self) -> None:
-        """With no broker: make sure the local service runs (and reset its idle clock)."""
-        if self.settings.embedded:
-            from webctx.workers.service_client import ensure_service
+    def keep_service(self, *, for_work: bool = False) -> None:
+        """With no broker: make sure the local service runs (and reset its idle clock); for
+        work (a job submitted), with this process's settings: restarted with them when it
+        is idle, SettingsMismatch when it is busy with others (webctx/workers/
+        service_settings.py)."""
+        if not self.settings.embedded:
+            return
+        if for_work:
+            from webctx.workers.service_settings import ensure_service_for
 
-            ensure_service(self.settings.data_dir)
+            ensure_service_for(self.settings)
+            return
+        from webctx.workers.service_client import ensure_service
+
+        ensure_service(self.settings.data_dir)
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,7 @@ def submit(
     from webctx.workers.pipeline import submit_job
 
     check_request_limits(request, runtime.settings)
-    runtime.keep_service()
+    runtime.keep_service(for_work=True)
     job_id = uuid.uuid4().hex
     limit = runtime.settings.tenant_max_stored_bytes
     # Before the key is claimed: a refused job must not leave a key naming no job.

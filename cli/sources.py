@@ -103,7 +103,7 @@ def sources_refresh(
     if not chosen:
         raise fail("no sources to refresh", code=1)
     try:
-        run_id = start_refresh(stores.runs, name, chosen)
+        run_id = start_refresh(stores.runs, name, chosen, settings=settings)
     except WebctxError as exc:
         raise fail(str(exc), code=1) from exc
     if not wait:

@@ -2,6 +2,7 @@
 
 WebctxError
 +-- ConfigError                  # settings that cannot work together
+|   +-- SettingsMismatch(names)  # the busy local service runs other settings than a client's
 +-- InvalidRequest               # a malformed request (CLI, API): 422
 |   +-- InvalidTenant            # a tenant name outside [A-Za-z0-9._-]{1,64}
 |   +-- InvalidBatch             # a batch file with bad lines (each named)
@@ -35,7 +36,7 @@ raise ToolError with the message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 
 class WebctxError(Exception):
@@ -44,6 +45,25 @@ class WebctxError(Exception):
 
 class ConfigError(WebctxError):
     """Settings that cannot work (missing URL, conflicting options)."""
+
+
+class SettingsMismatch(ConfigError):
+    """The local service runs with other settings than the client's and is busy, so it
+    cannot be restarted with them: the client's work is refused, never run under others."""
+
+    def __init__(self, names: Sequence[str], *, pid: int, restarted: bool = False) -> None:
+        self.names = list(names)
+        differ = f"{', '.join(self.names)} {'differs' if len(self.names) == 1 else 'differ'}"
+        if restarted:
+            message = (f"the local service (pid {pid}), restarted for this client, still runs "
+                       f"other settings ({differ}): did the config file change meanwhile? "
+                       "run the command again")  # fmt: skip
+        else:
+            message = (f"refused: the local service (pid {pid}) is busy with other settings "
+                       f"than this client's ({differ}); retry once it is idle (it then restarts "
+                       "with yours), give both the same settings (`webctx config set NAME "
+                       "VALUE`), or use another WEBCTX_DATA_DIR")  # fmt: skip
+        super().__init__(message)
 
 
 class InvalidRequest(WebctxError):

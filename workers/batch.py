@@ -65,7 +65,11 @@ def feed_batch(store: BatchStore, settings: Settings, batch_id: str) -> int:
 def submit_batch(
     store: BatchStore, settings: Settings, tenant: str, name: str, items: list[BatchItem]
 ) -> tuple[str, bool]:
-    """Record (or find) the batch and feed it once; (batch id, True if new)."""
+    """Record (or find) the batch and feed it once; (batch id, True if new). With no
+    broker, the local service runs with `settings` (webctx.workers.service_settings)."""
+    from webctx.workers.service_settings import ensure_service_for
+
+    ensure_service_for(settings)
     batch_id, created = store.create(tenant, name, items)
     feed_batch(store, settings, batch_id)
     return batch_id, created

@@ -16,6 +16,7 @@ from webctx.index.search import IndexHit
 from webctx.index.sources import Source
 from webctx.settings import Settings
 from webctx.workers.app import app, has_deps
+from webctx.workers.service_settings import ensure_service_for
 
 
 def forget_source(tenant: str, source_id: str) -> None:
@@ -38,7 +39,8 @@ def run_search(
     filters: dict[str, str | None] | None = None,
     timeout_s: float = 30.0,
 ) -> list[IndexHit]:
-    """Search the index here, or through a worker when it holds the embedded engine."""
+    """Search the index here, or through a worker when it holds the embedded engine (the
+    local service: with `settings`, webctx.workers.service_settings)."""
     filters = filters or {}
     if local_store(settings):
         from webctx.index.search import search_index
@@ -47,6 +49,7 @@ def run_search(
 
         return search_index(query, tenant=tenant, ctx=index_context(worker_deps()),
                             limit=limit, **filters)  # fmt: skip
+    ensure_service_for(settings)
     result = app.signature("webctx.index.search", args=(tenant, query, limit, filters))
     # Expires when the caller gives up: a worker started after that drops it (without
     # mingle a new worker does not learn of the revoke below).
@@ -92,10 +95,14 @@ def consumers_of(queue: str, timeout_s: float = 1.0) -> list[str]:
                   if any(q.get("name") == queue for q in queues or ()))  # fmt: skip
 
 
-def start_refresh(runs: RefreshRuns, tenant: str, sources: Sequence[Source]) -> str:
-    """Re-index `tenant`'s `sources` now, outside the schedule; returns the run id to wait on."""
+def start_refresh(
+    runs: RefreshRuns, tenant: str, sources: Sequence[Source], *, settings: Settings
+) -> str:
+    """Re-index `tenant`'s `sources` now, outside the schedule (with no broker, by the
+    local service running `settings`); returns the run id to wait on."""
     if any(source.tenant != tenant for source in sources):
         raise ValueError("a run re-indexes the sources of one tenant")
+    ensure_service_for(settings)
     run_id = runs.start(tenant, len(sources))
     for source in sources:
         app.signature(

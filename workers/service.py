@@ -34,6 +34,7 @@ from webctx.workers.service_client import (
     mark_service_process,
     settings_fingerprint,
 )
+from webctx.workers.service_settings import service_record
 
 logger = logging.getLogger("webctx.service")
 
@@ -71,7 +72,7 @@ def run_service(settings: Settings, *, inbox: Inbox | None = None) -> int:
         threading.Thread(target=inbox[1], args=(socket, stop), daemon=True,
                          name="service-inbox").start()  # fmt: skip
     temp.write_text(json.dumps({"pid": os.getpid(), "socket": socket, "started": time.time(),
-                                "settings": fingerprint,
+                                "settings": fingerprint, **service_record(settings),
                                 "inbox": inbox[0] if inbox else None}))  # fmt: skip
     temp.replace(address)  # clients see a whole file or none
     logger.info("service listening", extra={"socket": socket, "pid": os.getpid()})

@@ -14,6 +14,8 @@ Files in the data directory:
   at every request (its modification time is the service's idle clock).
 - `service-start.lock`: held by the client that starts a service, so several clients
   starting at once start one.
+- `service-settings.lock`: held by a client restarting the service with its own settings
+  (webctx/workers/service_settings.py), so clients with other settings take turns.
 - `service.log`: the service's output.
 """
 
@@ -28,8 +30,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from webctx.errors import ConfigError
@@ -54,9 +56,14 @@ class ServiceInfo:
     pid: int
     socket: str
     settings: str = ""
-    """The fingerprint of the environment it was started with (`settings_fingerprint`)."""
+    """The fingerprint of the environment and config file it was started with
+    (`settings_fingerprint`)."""
     inbox: str | None = None
     """The Valkey list it takes research requests from (webctx/api/inbox.py), if any."""
+    salt: str = ""
+    digests: Mapping[str, str] = field(default_factory=dict)
+    """A salted digest of each setting it runs with that a job's result depends on
+    (webctx/workers/service_settings.py): compared, never shown."""
 
     @property
     def state_url(self) -> str:
@@ -65,7 +72,6 @@ class ServiceInfo:
 
 
 _in_service = False
-_warned: set[Path] = set()
 _presence: dict[Path, RespConnection] = {}
 _children: list[subprocess.Popen[bytes]] = []
 _lock = threading.Lock()
@@ -111,7 +117,6 @@ def ensure_service(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) -> Ser
         if isinstance(state, ServiceInfo):
             _touch(data_dir)
             _be_present(data_dir, state)
-            _check_settings(data_dir, state)
             return state
         if state == "free" and started is None:
             started = _start_once(data_dir)
@@ -154,10 +159,12 @@ def _probe(data_dir: Path) -> ServiceInfo | str:
         os.close(fd)
     try:
         info = json.loads((data_dir / ADDRESS_FILE).read_text())
-        inbox = info.get("inbox")
+        inbox, digests = info.get("inbox"), info.get("digests") or {}
         service = ServiceInfo(pid=int(info["pid"]), socket=str(info["socket"]),
                               settings=str(info.get("settings", "")),
-                              inbox=str(inbox) if inbox else None)  # fmt: skip
+                              inbox=str(inbox) if inbox else None,
+                              salt=str(info.get("salt", "")),
+                              digests={str(k): str(v) for k, v in digests.items()})  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return "starting"
     return service if Path(f"/proc/{service.pid}").exists() else "starting"
@@ -196,30 +203,38 @@ def spawn_service(data_dir: Path) -> subprocess.Popen[bytes]:
     return child
 
 
-def settings_fingerprint(environ: dict[str, str]) -> str:
-    """A digest of the settings in `environ` (WEBCTX_*, CELERY_*, OPENAI_*; not the data
-    directory, which names the service, nor the CELERY_LOG_* variables a Celery worker
-    writes into its own environment as it starts): the service records its own."""
-    prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
-    items = sorted((k, v) for k, v in environ.items()
-                   if k.startswith(prefixes) and k != "WEBCTX_DATA_DIR"
-                   and not k.startswith("CELERY_LOG_"))  # fmt: skip
-    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+NOT_COMPARED = frozenset({
+    "WEBCTX_DATA_DIR", "WEBCTX_CONFIG_FILE", "WEBCTX_LOG_FORMAT", "WEBCTX_LOG_LEVEL",
+    "WEBCTX_METRICS_PORT", "WEBCTX_METRICS_HOST", "WEBCTX_OTEL", "WEBCTX_SERVICE_IDLE_S",
+    "WEBCTX_API_HOST", "WEBCTX_API_AUTH", "WEBCTX_API_RATE_LIMIT_PER_MINUTE",
+    "WEBCTX_API_CONTEXT_TIMEOUT_S", "WEBCTX_API_MAX_BODY_BYTES", "WEBCTX_MCP_WAIT_S",
+})  # fmt: skip
+"""Settings a client and the local service may differ in: the data directory names the
+service, the config file's place is not its contents, and the rest change no job's result
+(logs, metrics and traces; how long the idle service lives; the HTTP API's and the MCP
+server's own, applied by the process that serves them). docs/configuration.md."""
 
 
-def _check_settings(data_dir: Path, info: ServiceInfo) -> None:
-    """Say once per process when the service was started with other settings than ours:
-    it runs with its starter's (a changed search provider or embeddings endpoint does not
-    apply until it is stopped)."""
-    if data_dir in _warned or not info.settings:
-        return
-    if info.settings != settings_fingerprint(dict(os.environ)):
-        _warned.add(data_dir)
-        logger.warning(
-            "the local service (pid %s) runs with other settings than this client's; "
-            "`webctx service stop` applies them at its next start",
-            info.pid,
-        )
+def settings_fingerprint(environ: Mapping[str, str]) -> str:
+    """A digest of the settings in `environ` (WEBCTX_*, CELERY_*, OPENAI_*; not
+    `NOT_COMPARED`, nor the CELERY_LOG_* variables a Celery worker writes into its own
+    environment as it starts) and in the config file it names: the service records its
+    own. Equal, a client and the service read the same settings (not equal, they may
+    still: webctx/workers/service_settings.py compares the values)."""
+    from webctx.config_file import file_values
+    from webctx.errors import ConfigError
+
+    def kept(items: Mapping[str, str]) -> list[tuple[str, str]]:
+        prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
+        return sorted((k, v) for k, v in items.items()
+                      if k.startswith(prefixes) and k not in NOT_COMPARED
+                      and not k.startswith("CELERY_LOG_"))  # fmt: skip
+
+    try:
+        in_file = kept(file_values(environ))
+    except ConfigError as exc:  # never equal to a service's: the settings say why
+        in_file = [("error", str(exc))]
+    return hashlib.sha256(json.dumps([kept(environ), in_file]).encode()).hexdigest()[:16]
 
 
 def _touch(data_dir: Path) -> None:
@@ -263,7 +278,7 @@ CLIENT_COMMANDS = frozenset(
 )
 
 
-def reach_early(argv: Sequence[str], environ: dict[str, str]) -> None:
+def reach_early(argv: Sequence[str], environ: Mapping[str, str]) -> None:
     """For a client command with no broker: reach the service (or start it) in a thread
     while the command loads its modules, so a cold service starts alongside the client's
     imports (the settings this reads, the broker URL and the data directory, are the ones
@@ -285,9 +300,13 @@ def reach_early(argv: Sequence[str], environ: dict[str, str]) -> None:
     threading.Thread(target=reach, name="reach-service", daemon=True).start()
 
 
-def local_data_dir(environ: dict[str, str]) -> Path | None:
+def local_data_dir(environ: Mapping[str, str]) -> Path | None:
     """The data directory whose service local clients use, or None with a broker set (read
-    from the environment as webctx.settings reads it, before the settings load)."""
+    from the environment and the config file as webctx.settings reads them, before the
+    settings load)."""
+    from webctx.config_file import layered
+
+    environ = layered(environ)
     if environ.get("CELERY_BROKER_URL") or environ.get("WEBCTX_BROKER_URL"):
         return None
     import platformdirs

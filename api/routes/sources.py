@@ -86,7 +86,7 @@ async def refresh_sources(body: RefreshIn, runtime: RuntimeDep, caller: CallerDe
     if body.source_ids:
         chosen = [s for s in chosen if s.source_id in set(body.source_ids)]
     run_id = await anyio.to_thread.run_sync(
-        lambda: start_refresh(stores.runs, caller.tenant, chosen)
+        lambda: start_refresh(stores.runs, caller.tenant, chosen, settings=runtime.settings)
     )
     found = await anyio.to_thread.run_sync(stores.runs.status, run_id)
     return RunOut.model_validate(found or {"run_id": run_id, "pending": 0})
