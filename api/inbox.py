@@ -13,16 +13,18 @@ command's own definition: the command then loads its parser while the job runs.
 
 On the service's Valkey, over plain RESP (webctx/workers/resp.py: the client has not
 loaded redis-py):
-- the client RPUSHes one JSON item, {"request", "idempotency_key", "reply", "expires"}
-  (or {"argv", "definition", "reply", "expires"}), on `webctx:inbox` (renewing the list's
-  TTL) and BLPOPs the item's reply key;
+- the client RPUSHes one JSON item, {"request", "idempotency_key", "settings", "reply",
+  "expires"} (or {"argv", "definition", "names", "settings", "reply", "expires"}), on
+  `webctx:inbox` (renewing the list's TTL) and BLPOPs the item's reply key;
 - the service's inbox thread BLPOPs the list, submits, and LPUSHes {"job_id"} or
   {"error", "code"} on the reply key (TTL: REPLY_TTL_S), or {"unparsed": true} for words
   it does not parse (nothing submitted);
 - a client whose item was not taken within TAKE_S removes it (LREM): removed, nothing was
   submitted and it submits by itself; gone, the service holds it and answers;
 - an item the service takes past its `expires` is answered {"expired": true}, not
-  submitted: its client stopped waiting at that moment and submits by itself.
+  submitted: its client stopped waiting at that moment and submits by itself; so is one
+  whose settings fingerprint is not the service's (a service restarted with other
+  settings since the client looked), or one taken while a client restarts the service.
 """
 
 from __future__ import annotations
@@ -94,10 +96,14 @@ def _hand(data_dir: Path, fields: dict[str, Any], take_s: float) -> dict[str, An
     info = running_service(data_dir)
     if info is None or info.inbox != INBOX_KEY:
         return None
-    if info.settings != settings_fingerprint(dict(os.environ)):
-        return None  # it would submit under other limits: the command submits itself
+    fingerprint = settings_fingerprint(dict(os.environ))
+    if info.settings != fingerprint:
+        return None  # it would submit under other settings: the command submits itself
     reply = f"{REPLY_PREFIX}{uuid.uuid4().hex}"
-    item = json.dumps({**fields, "reply": reply, "expires": time.time() + take_s})
+    # The fingerprint goes along: a service restarted meanwhile with other settings leaves
+    # the item to its client.
+    item = json.dumps({**fields, "settings": fingerprint, "reply": reply,
+                       "expires": time.time() + take_s})  # fmt: skip
     try:
         answer = _exchange(info.socket, item, reply, take_s)
     except KeyboardInterrupt:
@@ -172,6 +178,7 @@ def serve_inbox(
     from webctx.api.runtime import open_runtime
 
     warm = command_lines.warm if command_lines is not None else None
+    own = settings_fingerprint(dict(os.environ))
     with open_runtime(settings) as runtime:
         while not stop.is_set():
             try:
@@ -180,7 +187,7 @@ def serve_inbox(
                     while not stop.is_set():
                         popped = conn.call("BLPOP", INBOX_KEY, POP_S, timeout_s=POP_S + 10)
                         if isinstance(popped, list) and isinstance(popped[1], bytes):
-                            _answer(conn, runtime, popped[1], command_lines)
+                            _answer(conn, runtime, popped[1], command_lines, own)
                         elif warm is not None and warm():  # not while a job runs
                             warm = None
             except OSError:  # Valkey restarting or gone: the service ends or it comes back
@@ -189,7 +196,11 @@ def serve_inbox(
 
 
 def _answer(
-    conn: RespConnection, runtime: Runtime, raw: bytes, command_lines: CommandLines | None
+    conn: RespConnection,
+    runtime: Runtime,
+    raw: bytes,
+    command_lines: CommandLines | None,
+    fingerprint: str,
 ) -> None:
     try:
         item = json.loads(raw)
@@ -203,6 +214,11 @@ def _answer(
         # Its client has stopped waiting: it submits by itself, once it reads this.
         logger.info("inbox: a request taken too late was left to its client")
         answer: dict[str, Any] = {"expired": True}
+    elif item.get("settings", fingerprint) != fingerprint:
+        # Handed to the service this one replaced, with the client's settings: the
+        # client submits by itself, comparing its settings with this service's.
+        logger.info("inbox: a request for other settings was left to its client")
+        answer = {"expired": True}
     elif "argv" in item:
         parsed = None
         if command_lines is not None:
@@ -226,6 +242,7 @@ def submit_handed(runtime: Runtime, request: Any, idempotency_key: Any) -> dict[
     from webctx.api.runtime import Caller, submit
     from webctx.errors import WebctxError
     from webctx.models import JobRequest
+    from webctx.workers.service_settings import ServiceRestarting
 
     try:
         job_request = JobRequest.model_validate(request)
@@ -235,6 +252,8 @@ def submit_handed(runtime: Runtime, request: Any, idempotency_key: Any) -> dict[
     try:
         caller = Caller(tenant=runtime.settings.local_tenant)
         job_id, _ = submit(runtime, caller, job_request, idempotency_key=key)
+    except ServiceRestarting:  # with other settings, for a client: its client submits
+        return {"expired": True}
     except WebctxError as exc:
         return {"error": str(exc), "code": 1}
     except (redis.RedisError, OperationalError) as exc:

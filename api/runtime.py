@@ -66,21 +66,12 @@ class Runtime:
         Best effort: a broker not answering yet leaves it to the first submission."""
         threading.Thread(target=_warm_submission, name="webctx-warm-submit", daemon=True).start()
 
-    def keep_service(self, *, for_work: bool = False) -> None:
-        """With no broker: make sure the local service runs (and reset its idle clock); for
-        work (a job submitted), with this process's settings: restarted with them when it
-        is idle, SettingsMismatch when it is busy with others (webctx/workers/
-        service_settings.py)."""
-        if not self.settings.embedded:
-            return
-        if for_work:
-            from webctx.workers.service_settings import ensure_service_for
+    def keep_service(self) -> None:
+        """With no broker: make sure the local service runs (and reset its idle clock)."""
+        if self.settings.embedded:
+            from webctx.workers.service_client import ensure_service
 
-            ensure_service_for(self.settings)
-            return
-        from webctx.workers.service_client import ensure_service
-
-        ensure_service(self.settings.data_dir)
+            ensure_service(self.settings.data_dir)
 
 
 @dataclass(frozen=True)
@@ -177,11 +168,21 @@ def cancel(
 def submit(
     runtime: Runtime, caller: Caller, request: JobRequest, *, idempotency_key: str | None = None
 ) -> tuple[str, bool]:
-    """Start a job for the caller; (job id, True if new). Same idempotency key, same job."""
-    from webctx.workers.pipeline import submit_job
+    """Start a job for the caller; (job id, True if new). Same idempotency key, same job.
+    With no broker, the local service runs it with this runtime's settings (restarted with
+    them when idle; SettingsMismatch when busy with others: webctx.workers.service_settings)."""
+    from webctx.workers.service_settings import work_on_service
 
     check_request_limits(request, runtime.settings)
-    runtime.keep_service(for_work=True)
+    with work_on_service(runtime.settings):
+        return _submit(runtime, caller, request, idempotency_key)
+
+
+def _submit(
+    runtime: Runtime, caller: Caller, request: JobRequest, idempotency_key: str | None
+) -> tuple[str, bool]:
+    from webctx.workers.pipeline import submit_job
+
     job_id = uuid.uuid4().hex
     limit = runtime.settings.tenant_max_stored_bytes
     # Before the key is claimed: a refused job must not leave a key naming no job.

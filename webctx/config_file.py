@@ -9,9 +9,9 @@ docs/configuration.md (`WEBCTX_SEARXNG_URL = "http://â€¦"`, `OPENAI_API_KEY = "â
 per line, values as strings (numbers, booleans and lists are read as their text).
 
 This module is plain standard library (and platformdirs), its imports deferred to their
-use: `webctx research` reads the file before pydantic loads (webctx/cli/handover.py). `webctx config set` writes it
-(webctx/cli/config_set.py): one line changed, the others (comments too) kept, mode 0600
-(it may hold a key).
+use: `webctx research` reads the file before pydantic loads (webctx/cli/handover.py).
+`webctx config set` writes it (webctx/cli/config_set.py): one line changed, the others
+(comments too) kept, mode 0600 (it may hold a key).
 """
 
 from __future__ import annotations

@@ -67,11 +67,11 @@ def submit_batch(
 ) -> tuple[str, bool]:
     """Record (or find) the batch and feed it once; (batch id, True if new). With no
     broker, the local service runs with `settings` (webctx.workers.service_settings)."""
-    from webctx.workers.service_settings import ensure_service_for
+    from webctx.workers.service_settings import work_on_service
 
-    ensure_service_for(settings)
-    batch_id, created = store.create(tenant, name, items)
-    feed_batch(store, settings, batch_id)
+    with work_on_service(settings):
+        batch_id, created = store.create(tenant, name, items)
+        feed_batch(store, settings, batch_id)
     return batch_id, created
 
 

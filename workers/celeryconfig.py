@@ -141,6 +141,16 @@ worker_hijack_root_logger = False
 # bindings and its book of unacked messages; control replies; the few results kept.
 _KOMBU = "celery (kombu's Redis transport)"
 _PRIORITY_SEP = "\x06\x16"  # kombu's separator of a queue's priority lists
+
+
+def queue_lists() -> list[str]:
+    """Every Redis list of the queues: one per queue and priority step."""
+    steps = broker_transport_options["priority_steps"]
+    assert isinstance(steps, list)
+    return [q.name if step == 0 else f"{q.name}{_PRIORITY_SEP}{step}"
+            for q in task_queues for step in steps]  # fmt: skip
+
+
 REDIS_BROKER_KEYS = (
     *(KeyFamily(q.name, _KOMBU, "external", "shared", "the queue's waiting messages")
       for q in task_queues),

@@ -16,7 +16,7 @@ from webctx.index.search import IndexHit
 from webctx.index.sources import Source
 from webctx.settings import Settings
 from webctx.workers.app import app, has_deps
-from webctx.workers.service_settings import ensure_service_for
+from webctx.workers.service_settings import work_on_service
 
 
 def forget_source(tenant: str, source_id: str) -> None:
@@ -49,11 +49,11 @@ def run_search(
 
         return search_index(query, tenant=tenant, ctx=index_context(worker_deps()),
                             limit=limit, **filters)  # fmt: skip
-    ensure_service_for(settings)
     result = app.signature("webctx.index.search", args=(tenant, query, limit, filters))
     # Expires when the caller gives up: a worker started after that drops it (without
     # mingle a new worker does not learn of the revoke below).
-    pending = result.apply_async(expires=timeout_s)
+    with work_on_service(settings):
+        pending = result.apply_async(expires=timeout_s)
     first_wait = min(NO_WORKER_CHECK_S, timeout_s)
     try:
         raw = pending.get(timeout=first_wait)
@@ -102,10 +102,10 @@ def start_refresh(
     local service running `settings`); returns the run id to wait on."""
     if any(source.tenant != tenant for source in sources):
         raise ValueError("a run re-indexes the sources of one tenant")
-    ensure_service_for(settings)
-    run_id = runs.start(tenant, len(sources))
-    for source in sources:
-        app.signature(
-            "webctx.index.refresh", args=(source.tenant, source.source_id, run_id)
-        ).apply_async()
+    with work_on_service(settings):
+        run_id = runs.start(tenant, len(sources))
+        for source in sources:
+            app.signature(
+                "webctx.index.refresh", args=(source.tenant, source.source_id, run_id)
+            ).apply_async()
     return run_id

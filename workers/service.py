@@ -38,9 +38,6 @@ from webctx.workers.service_settings import service_record
 
 logger = logging.getLogger("webctx.service")
 
-PRIORITY_SEP = "\x06\x16"  # kombu's separator of a queue's priority lists
-
-
 Inbox = tuple[str, Callable[[str, threading.Event], None]]
 """A list on the service's Valkey that clients hand requests to, and the function that
 serves it (on the socket, until the event is set) in a thread (webctx/api/inbox.py)."""
@@ -133,12 +130,10 @@ def _run_worker(settings: Settings, address: Path) -> int:
 
 def _queued() -> int:
     """Messages waiting in the service's queues (every priority list of each)."""
-    from webctx.workers.app import app, worker_deps
+    from webctx.workers.app import worker_deps
+    from webctx.workers.celeryconfig import queue_lists
 
-    names = [q.name for q in app.conf.task_queues]
-    steps = app.conf.broker_transport_options.get("priority_steps", [0])
-    lists = [n if step == 0 else f"{n}{PRIORITY_SEP}{step}" for n in names for step in steps]
-    return worker_deps().stores.queued(lists)
+    return worker_deps().stores.queued(queue_lists())
 
 
 BEAT_STOP_S = 5.0

@@ -5,7 +5,7 @@ environment, and the config file, webctx/config_file.py). A client with other se
 (an MCP host started with a minimal environment, a terminal with WEBCTX_SEARXNG_URL
 exported, a config file changed since) would otherwise have its job searched, fetched
 and embedded as it did not ask. So before a client hands the service work (a job, a
-batch, a re-index run, an index search), `ensure_service_for` compares the settings a
+batch, a re-index run, an index search), `work_on_service` compares the settings a
 job's result depends on (all but `NOT_COMPARED` of webctx/workers/service_client.py):
 
 - the same: the work goes to the running service;
@@ -15,7 +15,11 @@ job's result depends on (all but `NOT_COMPARED` of webctx/workers/service_client
   that differ (names only: values may be keys) and the ways out.
 
 The service records a salted digest of each value in its address file (`service_record`),
-so a client learns which settings differ without any value being written down.
+so a client learns which settings differ without any value being written down. A lock in
+the data directory (`service-settings.lock`) is held shared while a client hands work over
+and exclusive while one restarts the service: no client restarts it between another's
+check and that one's message reaching its queue, where the restarting client's check of
+what is queued sees it.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 
 from pydantic import SecretStr
 from pydantic_core import to_jsonable_python
 
 from webctx.env_names import setting_names
-from webctx.errors import SettingsMismatch
+from webctx.errors import SettingsMismatch, WebctxError
+from webctx.keys import FAMILIES
 from webctx.settings import Settings
 from webctx.workers.resp import Reply, RespConnection
 from webctx.workers.service_client import (
@@ -90,39 +96,78 @@ def differing(info: ServiceInfo, settings: Settings) -> list[str]:
     return sorted(k for k in names if mine.get(k) != info.digests.get(k))
 
 
-def ensure_service_for(settings: Settings) -> ServiceInfo | None:
-    """The local service, running with `settings` (restarted with them when it was idle
-    with others); None with a broker, or inside the service. SettingsMismatch when it runs
-    others and is busy."""
-    if not settings.embedded or in_service_process():
-        return None
+class ServiceRestarting(WebctxError):
+    """Inside the service: a client is restarting it, so it takes no more work now (the
+    client whose request it holds submits by itself)."""
+
+
+@contextmanager
+def work_on_service(settings: Settings) -> Iterator[ServiceInfo | None]:
+    """Hand the local service work inside this block: it runs with `settings` (restarted
+    with them first when it was idle with others) and is not restarted by another client
+    until the block ends, so the work published here is seen as the service's. None with
+    a broker, and inside the service (ServiceRestarting while a client restarts it).
+    SettingsMismatch when it runs other settings and is busy."""
+    if not settings.embedded:
+        yield None
+        return
     data_dir = settings.data_dir
-    info = ensure_service(data_dir)
-    if not differing(info, settings):
-        return info
+    if in_service_process():
+        with _turn(data_dir, exclusive=False, wait=False) as held:
+            if not held:
+                raise ServiceRestarting("the local service is being restarted")
+            yield None
+        return
+    names: list[str] = []
+    for _ in range(2):  # another client may restart it between our restart and our turn
+        with _turn(data_dir, exclusive=False):
+            info = ensure_service(data_dir)
+            names = differing(info, settings)
+            if not names:
+                yield info
+                return
+        _restart_unless_busy(settings)
+    raise SettingsMismatch(names, pid=info.pid, restarted=True)
+
+
+@contextmanager
+def _turn(data_dir: Path, *, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+    """The restart lock: shared while work is handed over, exclusive for a restart; True
+    when held (without `wait`, False when a restart holds it)."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with (data_dir / RESTART_LOCK_FILE).open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another client may be restarting it right now
+        mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(lock, mode)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+def _restart_unless_busy(settings: Settings) -> None:
+    """Restart the service with `settings` if it runs others and is idle (said in one
+    line); SettingsMismatch if it is busy."""
+    data_dir = settings.data_dir
+    with _turn(data_dir, exclusive=True):  # no work is being handed to it meanwhile
         info = ensure_service(data_dir)
         names = differing(info, settings)
         if not names:
-            return info
+            return  # another client restarted it with the same settings
         if busy(info):
             raise SettingsMismatch(names, pid=info.pid)
-        old = info.pid
         stop_service(data_dir)
-        info = ensure_service(data_dir)
-        still = differing(info, settings)
-        if still:  # it reads a config file that changed since this client read it
-            raise SettingsMismatch(still, pid=info.pid, restarted=True)
+        new = ensure_service(data_dir)
     logger.warning("restarted the local service (pid %s, now %s) with this client's settings: "
-                   "%s differed", old, info.pid, ", ".join(names))  # fmt: skip
-    return info
+                   "%s differed", info.pid, new.pid, ", ".join(names))  # fmt: skip
 
 
 def busy(info: ServiceInfo) -> bool:
     """True if the service has a message queued, or one held (running, or due later),
     besides its own housekeeping and the deadline watchdogs of ended jobs."""
-    lists = _queue_lists()
+    from webctx.workers.celeryconfig import queue_lists
+
+    lists = queue_lists()
     try:
         with RespConnection(info.socket) as conn:
             messages: list[bytes] = []
@@ -147,16 +192,6 @@ def _held_message(raw: bytes) -> bytes:
         return raw  # unreadable: taken for work
 
 
-def _queue_lists() -> list[str]:
-    """Every list of the service's queues (one per priority step)."""
-    from webctx.workers import celeryconfig
-    from webctx.workers.service import PRIORITY_SEP
-
-    steps = cast(list[int], celeryconfig.broker_transport_options["priority_steps"])
-    names = [q.name for q in celeryconfig.task_queues]
-    return [n if step == 0 else f"{n}{PRIORITY_SEP}{step}" for n in names for step in steps]
-
-
 def _is_work(conn: RespConnection, raw: bytes) -> bool:
     """A broker message is a caller's work unless it is housekeeping, or the deadline
     watchdog (`webctx.rank`, force) of a job that has ended. Unreadable: work."""
@@ -177,5 +212,6 @@ def _is_work(conn: RespConnection, raw: bytes) -> bool:
 
 def _job_ended(conn: RespConnection, job_id: str) -> bool:
     """The job's state (webctx.jobs.store.JobStore's `meta` hash) is final, or gone."""
-    status = conn.call("HGET", f"webctx:job:{job_id}:meta", "status")
+    family = next(f for f in FAMILIES if f.pattern.endswith("{job_id}:{part}"))
+    status = conn.call("HGET", family.glob(job_id=job_id, part="meta"), "status")
     return status not in (b"queued", b"running")

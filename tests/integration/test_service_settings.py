@@ -113,9 +113,10 @@ def test_a_client_with_other_settings_restarts_the_idle_service_with_its_own(
 def test_a_client_with_other_settings_is_refused_while_the_service_runs_a_job(
     other_search: LoopbackServer, data_dir: Path
 ) -> None:
-    web = start_paced_web(delay_s=2.0)  # the first job takes a while
+    web = start_paced_web(delay_s=6.0)  # the first job takes a while: 2 pages at a time
     try:
-        first = clean_env(**web.env())
+        slow = {"WEBCTX_FETCH__TOTAL_TIMEOUT_S": "30", "WEBCTX_FETCH__READ_TIMEOUT_S": "30"}
+        first = clean_env(**{**web.env(), **slow})
         submitted = run_cli(first, "research", QUESTION, "--max-sources", "4", "--no-wait")
         assert submitted.returncode == 0, submitted.stderr[-3000:]
         job_id = submitted.stdout.strip()

@@ -152,8 +152,10 @@ def test_an_edit_keeps_the_files_other_lines_and_comments(tmp_path: Path) -> Non
     config.write_text('# mine\nWEBCTX_LOG_LEVEL = "DEBUG"  # loud\n\nOPENAI_BASE_URL = "http://a"')
     write_value(config, "OPENAI_BASE_URL", "http://b")
     write_value(config, "WEBCTX_SEARXNG_URL", "http://s")
-    assert config.read_text() == ('# mine\nWEBCTX_LOG_LEVEL = "DEBUG"  # loud\n\n'
-                                  'OPENAI_BASE_URL = "http://b"\nWEBCTX_SEARXNG_URL = "http://s"\n')  # fmt: skip
+    assert config.read_text() == (
+        '# mine\nWEBCTX_LOG_LEVEL = "DEBUG"  # loud\n\n'
+        'OPENAI_BASE_URL = "http://b"\nWEBCTX_SEARXNG_URL = "http://s"\n'
+    )
     write_value(config, "WEBCTX_LOG_LEVEL", None)
     assert read_values(config) == {"OPENAI_BASE_URL": "http://b", "WEBCTX_SEARXNG_URL": "http://s"}
     config.write_text('WEBCTX_SEARXNG_URL = """\nhttp://x"""\n')  # not one line: left alone

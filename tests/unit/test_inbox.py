@@ -140,13 +140,35 @@ def test_a_request_taken_too_late_is_answered_expired_and_never_submitted(
             popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
             assert isinstance(popped, list) and isinstance(popped[1], bytes)
             time.sleep(0.5)
-            _answer(conn, Runtime(), popped[1], None)  # type: ignore[arg-type]
+            _answer(conn, Runtime(), popped[1], None, fingerprint)  # type: ignore[arg-type]
 
+    fingerprint = settings_fingerprint(dict(os.environ))
     thread = threading.Thread(target=late_service, daemon=True)
     thread.start()
     assert hand_over(data_dir, REQUEST, take_s=0.3) is None
     thread.join(5)
     assert submitted == []
+
+
+def test_a_request_for_other_settings_than_the_services_is_left_to_its_client(
+    data_dir: Path, valkey: str
+) -> None:
+    # The client read the address of a service that another client has since replaced
+    # with one of other settings: the new service must not submit it under its own.
+    class Runtime:  # what _answer would submit through: must not be reached
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(name)
+
+    def replaced_service() -> None:
+        with RespConnection(valkey) as conn:
+            popped = conn.call("BLPOP", INBOX_KEY, 10, timeout_s=20)
+            assert isinstance(popped, list) and isinstance(popped[1], bytes)
+            _answer(conn, Runtime(), popped[1], None, "another-fingerprint")  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=replaced_service, daemon=True)
+    thread.start()
+    assert hand_over(data_dir, REQUEST, take_s=5) is None  # the command submits itself
+    thread.join(5)
 
 
 def test_no_hand_over_to_a_service_without_an_inbox_or_with_other_settings(

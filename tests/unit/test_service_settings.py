@@ -6,11 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from pydantic import SecretStr
 
 from webctx.settings import Settings
+from webctx.workers import service_client
 from webctx.workers.service_client import ServiceInfo
-from webctx.workers.service_settings import compared_values, differing, service_record
+from webctx.workers.service_settings import (
+    ServiceRestarting,
+    _turn,
+    compared_values,
+    differing,
+    service_record,
+    work_on_service,
+)
 
 
 def _service(settings: Settings) -> ServiceInfo:
@@ -48,3 +57,18 @@ def test_logs_metrics_and_the_servers_own_settings_do_not_count(tmp_path: Path) 
 
 def test_a_service_that_recorded_no_digests_differs() -> None:
     assert differing(ServiceInfo(pid=1, socket="/s"), Settings()) == ["settings"]
+
+
+def test_the_service_takes_no_work_while_a_client_restarts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its inbox's submission would otherwise reach the queue of the service that replaces
+    # it, under the restarting client's settings: it leaves the request to its client.
+    monkeypatch.setattr(service_client, "_in_service", True)
+    settings = Settings(data_dir=tmp_path)
+    with work_on_service(settings) as info:
+        assert info is None  # nothing to compare inside the service
+    with _turn(tmp_path, exclusive=True), pytest.raises(ServiceRestarting):
+        work_on_service(settings).__enter__()
+    with work_on_service(Settings(data_dir=tmp_path, broker_url="redis://x:6379/0")) as info:
+        assert info is None  # with a broker there is no local service to ask
