@@ -201,3 +201,38 @@ def test_searxng_shape_paging_and_title_boost() -> None:
     )
     assert len(first["results"]) == 10 and len(second.json()["results"]) == 4
     assert searxng_control(app).requests == 3
+
+
+def test_the_peers_fail_forever_until_they_recover_and_a_stopped_one_refuses() -> None:
+    """The faults of a provider that is down: 500 or 429 (with retry-after) on every request,
+    and a server that is not listening, then back on the same URL."""
+    embeddings = make_embeddings_app(HASH.vectors, model=MODEL, rpm=None, tpm=None)
+    search = make_searxng_app([SearchDoc("https://a.example/", "A", "kafka")])
+    control = embeddings_control(embeddings)
+    with LoopbackServer(embeddings) as server, httpx.Client(base_url=server.url) as client:
+        control.fail_always(status=429, retry_after=1.0)
+        answers = [post(client, ["a"]) for _ in range(5)]
+        assert {a.status_code for a in answers} == {429}
+        assert {a.headers["retry-after"] for a in answers} == {"1"}
+        control.fail_always(status=500)
+        assert post(client, ["a"]).status_code == 500
+        control.recover()
+        assert post(client, ["a"]).status_code == 200
+        assert control.stats.injected == 6
+    faults = searxng_control(search)
+    server = LoopbackServer(search).start()
+    params = {"q": "kafka", "format": "json"}
+    try:
+        faults.fail_always(status=502)
+        assert [httpx.get(server.url + "/search", params=params).status_code
+                for _ in range(3)] == [502] * 3  # fmt: skip
+        faults.recover()
+        url = server.url
+        server.stop()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/search", params=params, timeout=2)
+        server.start()  # a restarted instance: the same URL answers again
+        assert server.url == url
+        assert httpx.get(url + "/search", params=params).json()["results"]
+    finally:
+        server.stop()

@@ -117,20 +117,33 @@ class EmbeddingsControl:
     """Accepted requests being answered at once."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _faults: list[tuple[int, float]] = field(default_factory=list)
+    _always: tuple[int, float] | None = None
 
     def fail_next(self, n: int = 1, *, status: int = 500, retry_after: float = 1.0) -> None:
         """Answer the next `n` requests with `status` (500 or 429, with `retry_after` seconds)."""
         with self.lock:
             self._faults.extend([(status, retry_after)] * n)
 
+    def fail_always(self, *, status: int = 500, retry_after: float = 1.0) -> None:
+        """Answer every request with `status` until `recover()`: a provider that is down
+        (500 forever) or whose key is spent (429 forever, `retry-after` each time)."""
+        with self.lock:
+            self._always = (status, retry_after)
+
+    def recover(self) -> None:
+        """Drop every injected fault: answer normally again."""
+        with self.lock:
+            self._faults.clear()
+            self._always = None
+
     def pop_fault(self) -> tuple[int, float] | None:
         """Count a request and return the status of a pending injected fault, if any."""
         with self.lock:
             self.stats.requests += 1
-            if not self._faults:
+            if not self._faults and self._always is None:
                 return None
             self.stats.injected += 1
-            return self._faults.pop(0)
+            return self._faults.pop(0) if self._faults else self._always
 
 
 class BadRequest(Exception):

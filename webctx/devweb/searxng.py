@@ -84,6 +84,7 @@ class SearxngControl:
     in_flight: InFlight = field(default_factory=InFlight)
     """Requests in their latency at once."""
     _faults: list[tuple[int, float | None]] = field(default_factory=list)
+    _always: tuple[int, float | None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def fail_next(self, n: int = 1, *, status: int = 500, retry_after: float | None = None) -> None:
@@ -91,11 +92,22 @@ class SearxngControl:
         with self._lock:
             self._faults.extend([(status, retry_after)] * n)
 
+    def fail_always(self, *, status: int = 500, retry_after: float | None = None) -> None:
+        """Answer every search with `status` until `recover()`."""
+        with self._lock:
+            self._always = (status, retry_after)
+
+    def recover(self) -> None:
+        """Drop every injected fault: answer normally again."""
+        with self._lock:
+            self._faults.clear()
+            self._always = None
+
     def _record(self, query: str) -> tuple[int, float | None] | None:
         with self._lock:
             self.requests += 1
             self.queries.append(query)
-            return self._faults.pop(0) if self._faults else None
+            return self._faults.pop(0) if self._faults else self._always
 
 
 def _result(doc: SearchDoc, score: float, position: int) -> dict[str, Any]:

@@ -38,7 +38,8 @@ class InFlight:
 
 @dataclass
 class LoopbackServer:
-    """An ASGI app served by uvicorn on `host`, port chosen by the OS."""
+    """An ASGI app served by uvicorn on `host`, port chosen by the OS. Stopped, its port
+    refuses connections; started again, it serves on the same URL (a peer restarted)."""
 
     app: ASGIApp
     host: str = "127.0.0.1"
