@@ -16,7 +16,7 @@ WebctxError
 +-- TransientError               # the only thing Celery retries
 |   +-- RateLimited(retry_after, rate_limits)  # 429 from a provider
 |   +-- FetchTimeout(url)        # also a FetchError
-|   +-- ProviderUnavailable      # 5xx / connection errors from search, embeddings, store
+|   +-- ProviderUnavailable(kind)  # 5xx / connection errors from search, embeddings, store
 +-- FetchError(url)
 |   +-- BlockedURL               # SSRF guard, scheme, robots.txt
 |   |   +-- OptedOut(rule)       # the publisher reserved the page (noai, TDM reservation)
@@ -29,6 +29,7 @@ WebctxError
 |                                  # timeout, too_large (the sandbox's limits)
 |   +-- NeedsRender              # a script-rendered shell and no browser to render it
 +-- ProviderError(provider)      # search / embeddings / vector store refused the request
+    +-- ProviderDown(provider, url)  # failing for a while: the shared breaker is open
 
 The HTTP API maps the tree to status codes in one table (`webctx.api.http`); the MCP tools
 raise ToolError with the message.
@@ -147,7 +148,22 @@ class RateLimited(TransientError):
 
 
 class ProviderUnavailable(TransientError):
-    """A provider answered 5xx, timed out, or could not be reached."""
+    """A provider answered 5xx, timed out, or could not be reached: `kind` says which
+    ("status", "timeout", "unreachable"; "error" when the adapter cannot tell), `detail`
+    how in a few words ("HTTP 500", "connection refused"). `verdict_in_s`: when the shared
+    breaker (webctx/net/breaker.py) decides whether the provider is down, so a retry comes
+    by then rather than after a longer backoff."""
+
+    def __init__(
+        self,
+        *args: object,
+        kind: str = "error",
+        detail: str = "",
+        verdict_in_s: float | None = None,
+    ) -> None:
+        super().__init__(*args)
+        self.kind, self.detail = kind, detail or str(self)
+        self.verdict_in_s = verdict_in_s
 
 
 class FetchError(WebctxError):
@@ -244,3 +260,16 @@ class ProviderError(WebctxError):
     def __init__(self, provider: str, message: str) -> None:
         super().__init__(f"{provider}: {message}")
         self.provider = provider
+
+
+class ProviderDown(ProviderError):
+    """A provider failed every request for a while (refused, timed out, 5xx, or 429 past
+    the budget) and the shared breaker holds it open: a job that needs it fails at once,
+    its error this one line naming the provider, its URL and the fix."""
+
+    reason = "provider_down"
+
+    def __init__(self, provider: str, message: str, *, url: str = "") -> None:
+        super().__init__(provider, message)
+        self.args = (message,)
+        self.url = url

@@ -149,6 +149,9 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "a host's pace and 429/503 pause, shared by every fetch worker"),
     KeyFamily("webctx:rl:{namespace}:{part}", "webctx.net.ratelimit", "ttl", "shared",
               "an embeddings key's request log, token sum, pause and learned limits"),
+    KeyFamily("webctx:breaker:{provider}:{endpoint}", "webctx.net.breaker", "ttl", "shared",
+              "a provider endpoint's failure streak or outage (the shared breaker); its "
+              "first answer deletes it"),
 )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from webctx.breaker_settings import BreakerSettings
 from webctx.env_names import ConfigFileSource, RenamedEnvSource
 from webctx.protocols import VectorDatatype
 
@@ -445,6 +446,7 @@ class Settings(BaseSettings):
     prefilter: PrefilterSettings = PrefilterSettings()
     index: IndexSettings = IndexSettings()
     batch: BatchSettings = BatchSettings()
+    breaker: BreakerSettings = BreakerSettings()
 
     @field_validator("allowed_networks", mode="before")
     @classmethod
@@ -476,8 +478,7 @@ class Settings(BaseSettings):
 
     @property
     def embedded(self) -> bool:
-        """True when no broker is configured: clients use the data directory's local
-        service (webctx/workers/service.py), started on demand."""
+        """True when no broker is configured: clients use the data directory's local service."""
         return not self.broker_url
 
     def state_url(self) -> str | None:

@@ -50,6 +50,8 @@ def test_the_docstring_draws_every_error_under_one_of_its_bases() -> None:
         (errors.ProviderUnavailable("down"), 503, "unavailable"),
         (errors.ConfigError("unset"), 503, "misconfigured"),
         (errors.ProviderError("qdrant", "refused"), 502, "provider_error"),
+        (errors.ProviderDown("openai", "embeddings provider openai at … is down"), 503,
+         "provider_down"),
         (errors.BlockedURL("http://x.test/", "robots.txt"), 502, "fetch_error"),
         (errors.WebctxError("other"), 500, "internal"),
     ],

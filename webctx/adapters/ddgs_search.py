@@ -55,7 +55,7 @@ class DdgsSearch:
         except RatelimitException as exc:
             raise RateLimited(f"{self.name}: {exc}") from exc
         except TimeoutException as exc:
-            raise ProviderUnavailable(f"{self.name}: timeout: {exc}") from exc
+            raise ProviderUnavailable(f"{self.name}: timeout: {exc}", kind="timeout") from exc
         except DDGSException as exc:
             if str(exc) == _NO_RESULTS:
                 return []

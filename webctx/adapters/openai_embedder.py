@@ -99,7 +99,10 @@ class OpenAIEmbedder:
         except openai.APIStatusError as exc:
             raise _translate_status(exc) from exc
         except openai.APIConnectionError as exc:  # includes APITimeoutError
-            raise ProviderUnavailable(f"{PROVIDER}: {type(exc).__name__}: {exc}") from exc
+            kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "unreachable"
+            detail = str(exc.__cause__ or exc)  # the transport's words: "Connection refused"
+            raise ProviderUnavailable(f"{PROVIDER}: {type(exc).__name__}: {exc}", kind=kind,
+                                      detail=detail) from exc  # fmt: skip
         return Embeddings(_vectors(response, len(texts)), rate_limit_headers(response.headers))
 
     def close(self) -> None:
@@ -154,5 +157,6 @@ def _translate_status(exc: openai.APIStatusError) -> Exception:
         return RateLimited(f"{PROVIDER}: 429: {exc.message}", retry_after=retry_after_s(headers),
                            rate_limits=rate_limit_headers(headers))  # fmt: skip
     if status >= 500 or status in _TRANSIENT_4XX:
-        return ProviderUnavailable(f"{PROVIDER}: HTTP {status}: {exc.message}")
+        return ProviderUnavailable(f"{PROVIDER}: HTTP {status}: {exc.message}", kind="status",
+                                   detail=f"HTTP {status}")  # fmt: skip
     return ProviderError(PROVIDER, f"HTTP {status}: {exc.message}")

@@ -103,7 +103,7 @@ class SearxngSearch:
         except httpx.UnsupportedProtocol as exc:
             raise ProviderError(self.name, f"bad base URL: {exc}") from exc
         except httpx.TransportError as exc:  # connect, read, timeouts, protocol errors
-            raise ProviderUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            raise _unavailable(self.name, exc) from exc
         _raise_for_status(self.name, resp)
         try:
             body = resp.json()
@@ -124,9 +124,23 @@ def _raise_for_status(provider: str, resp: httpx.Response) -> None:
             f"{provider}: 429", retry_after=parse_retry_after(resp.headers.get("retry-after"))
         )
     if status >= 500:
-        raise ProviderUnavailable(f"{provider}: HTTP {status}")
+        raise ProviderUnavailable(f"{provider}: HTTP {status}", kind="status",
+                                  detail=f"HTTP {status}")  # fmt: skip
     hint = " (is json in the instance's search.formats?)" if status == 403 else ""
     raise ProviderError(provider, f"HTTP {status}{hint}")
+
+
+def _unavailable(provider: str, exc: httpx.TransportError) -> ProviderUnavailable:
+    """The ProviderUnavailable of a request that got no answer, with its kind."""
+    if isinstance(exc, httpx.TimeoutException):
+        kind = "timeout"
+    elif isinstance(exc, httpx.ConnectError):
+        kind = "unreachable"
+    else:  # the connection broke mid-answer
+        kind = "error"
+    detail = str(exc) or type(exc).__name__
+    return ProviderUnavailable(f"{provider}: {type(exc).__name__}: {exc}", kind=kind,
+                               detail=detail)  # fmt: skip
 
 
 def _item(raw: object) -> dict[str, str] | None:
