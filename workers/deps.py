@@ -26,6 +26,13 @@ from webctx.jobs.store import JobObserver, JobStore
 from webctx.jobs.tenants import TenantStore
 from webctx.models import Page
 from webctx.net.addresses import AddressPolicy
+from webctx.net.breaker import (
+    BreakerPolicy,
+    Endpoint,
+    GuardedEmbedder,
+    GuardedSearch,
+    ProviderBreaker,
+)
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.protocols import (
     ConditionalFetcher,
@@ -313,6 +320,45 @@ def build_limiter(settings: Settings) -> RedisRateLimiter | None:
     )
 
 
+class ProviderBreakers:
+    """The shared breakers (webctx/net/breaker.py) of the configured search and embeddings
+    providers, on the state Redis: every process using that Redis shares what they learn."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings, self.client = settings, client
+        self.made: list[ProviderBreaker] = []
+
+    def _breaker(self, endpoint: Endpoint, *, timeout_s: float) -> ProviderBreaker:
+        b = self.settings.breaker
+        policy = BreakerPolicy(outage_s=b.outage_s, rate_limit_budget_s=b.rate_limit_budget_s,
+                               cooldown_s=b.cooldown_s, probe_lease_s=timeout_s + 5)  # fmt: skip
+        self.made.append(ProviderBreaker(self.client, endpoint, policy))
+        return self.made[-1]
+
+    def guard_search(self, search: SearchProvider) -> SearchProvider:
+        """`search` behind its endpoint's breaker."""
+        if search.name == "searxng":
+            setting = "WEBCTX_SEARXNG_URL"
+            limits = f"the instance limits this client: raise its limiter's limits ({setting})"
+            endpoint = Endpoint("search", search.name, self.settings.searxng_url or "", setting,
+                                limits)  # fmt: skip
+        else:
+            limits = "DuckDuckGo limits this address: wait, or use SearxNG (WEBCTX_SEARCH_PROVIDER)"
+            endpoint = Endpoint("search", search.name, "", "WEBCTX_SEARCH_PROVIDER", limits)
+        timeout_s = self.settings.fetch.read_timeout_s + self.settings.fetch.connect_timeout_s
+        return GuardedSearch(search, self._breaker(endpoint, timeout_s=timeout_s))
+
+    def guard_embedder(self, embedder: Embedder) -> Embedder:
+        """An embeddings API behind its endpoint's breaker (an in-process model as it is)."""
+        if getattr(embedder, "in_process", False) or isinstance(embedder, HashEmbedder):
+            return embedder
+        url = self.settings.openai_base_url or "https://api.openai.com/v1"
+        limits = "check the key's quota and limits, or pace below them (WEBCTX_EMBED__RPM/TPM)"
+        endpoint = Endpoint("embeddings", "openai", url, "OPENAI_BASE_URL", limits)
+        timeout_s = self.settings.embed.timeout_s
+        return GuardedEmbedder(embedder, self._breaker(endpoint, timeout_s=timeout_s))
+
+
 def build_store(settings: Settings) -> VectorStore:
     """A Qdrant server by URL, else the embedded engine at WEBCTX_QDRANT_PATH."""
     if settings.qdrant_url:
@@ -342,7 +388,9 @@ def build_engine(
     settings: Settings, stores: StateStores, *, state: redis.Redis, start: Start
 ) -> Engine:
     """The job engine on `stores`; `state` is their client (the fetcher's shared pace)."""
-    embedder, search = build_embedder(settings), build_search(settings)
+    breakers = ProviderBreakers(settings, state)
+    embedder = breakers.guard_embedder(build_embedder(settings))
+    search = breakers.guard_search(build_search(settings))
     scope = store_scope(settings, embedder.model)
     staging_scope = hashlib.sha256("\x1f".join(scope).encode()).hexdigest()[:16]
 
@@ -373,6 +421,7 @@ def build_engine(
         indexed_copy=indexed_copy,
         cache=build_embed_cache(settings),
         limiter=build_limiter(settings),
+        breakers=tuple(breakers.made),
         renderer=build_renderer(settings),
         pdf=build_pdf_reader(settings),
         # The local service's tasks share one interpreter: pages are extracted on the

@@ -9,7 +9,9 @@
   failure and the job goes on. The countdown is the provider's `retry_after` when it gave
   one, else WEBCTX_TASK_RETRY_BACKOFF_S doubling per retry; capped by
   WEBCTX_TASK_RETRY_BACKOFF_MAX_S; plus up to half again of jitter, so workers that met
-  the same 429 do not come back in step.
+  the same 429 do not come back in step. A provider's failure comes back no later than
+  its shared breaker's verdict (`ProviderUnavailable.verdict_in_s`, webctx/net/breaker.py):
+  by then the provider answers, or it is down and the job fails (ProviderDown is final).
 - Failure recording stays with the steps (`webctx.jobs.steps.record_failure`): the task
   only decides whether to run again.
 """
@@ -20,7 +22,7 @@ import random
 
 from celery import Task
 
-from webctx.errors import RateLimited, TransientError
+from webctx.errors import ProviderUnavailable, RateLimited, TransientError
 
 
 def retry_countdown(
@@ -32,7 +34,9 @@ def retry_countdown(
     else:
         base = backoff_s * 2**retries
     countdown = min(base, backoff_max_s)
-    return countdown + random.uniform(0, 0.5 * countdown)
+    countdown += random.uniform(0, 0.5 * countdown)
+    verdict = exc.verdict_in_s if isinstance(exc, ProviderUnavailable) else None
+    return countdown if verdict is None else min(countdown, verdict)
 
 
 class StageTask(Task):  # type: ignore[misc]  # Celery's Task is untyped

@@ -20,7 +20,7 @@ from webctx.api.routes.jobs import (
     markdown_response,
 )
 from webctx.api.runtime import submit
-from webctx.errors import Conflict
+from webctx.errors import Conflict, ProviderDown
 from webctx.models import Bundle
 
 router = APIRouter(prefix="/v1", tags=["context"])
@@ -65,6 +65,8 @@ async def research_context(
     response.headers["X-Webctx-Job-Id"] = job_id
     timeout_s = min(body.timeout_s, runtime.settings.api_context_timeout_s)
     progress = await wait_for_finish(runtime, job_id, timeout_s=timeout_s)
+    if progress.reason == ProviderDown.reason:  # no bundle to give: the provider's outage
+        raise ProviderDown("provider", progress.error or "a provider is down")
     found = await anyio.to_thread.run_sync(finished_bundle, runtime, progress)
     if found is None and progress.finished:  # cancelled: no bundle, as GET .../bundle says
         raise Conflict(f"job {job_id} is {progress.status.value}: it has no bundle")

@@ -92,6 +92,12 @@ class JobOut(BaseModel):
     job_id: str
     status: JobStatus
     error: str | None = None
+    reason: str | None = Field(
+        default=None,
+        description="Why the job failed as a whole, not because of its pages: provider_down "
+        "(a search or embeddings provider it needs is down; `error` names it, its URL and the "
+        "fix).",
+    )
     progress: ProgressOut
     links: JobLinks
 
@@ -104,6 +110,7 @@ def job_out(progress: JobProgress, *, fmt: OutputFormat = OutputFormat.json) -> 
         job_id=progress.job_id,
         status=progress.status,
         error=progress.error,
+        reason=progress.reason,
         progress=ProgressOut(
             queries=progress.queries,
             searched=progress.searched,

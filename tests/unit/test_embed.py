@@ -18,6 +18,7 @@ from webctx.protocols import Embedder
 from webctx.stages.embed import (
     Batch,
     EmbedOutcome,
+    backoff_delay,
     embed_texts,
     parallel_requests,
     plan_batches,
@@ -210,6 +211,15 @@ def test_server_errors_are_retried(serve: Serve) -> None:
     outcome = run(embedder, TEXTS[:2], sleep=slept.append, base_delay_s=0.1)
     assert outcome.retries == 2 and control.stats.requests == 3
     assert 0.05 <= slept[0] <= 0.1 and 0.1 <= slept[1] <= 0.2  # exponential, jittered
+
+
+def test_retries_of_a_failing_provider_wait_no_longer_than_its_breakers_verdict() -> None:
+    verdict = ProviderUnavailable("openai: HTTP 500", kind="status", verdict_in_s=0.7)
+    delays = [backoff_delay(n, verdict, base_delay_s=0.5, max_delay_s=20.0) for n in range(1, 7)]
+    assert all(d <= 0.7 for d in delays) and delays[0] >= 0.25
+    plain = [backoff_delay(n, ProviderUnavailable("x"), base_delay_s=0.5, max_delay_s=20.0)
+             for n in range(1, 7)]  # fmt: skip
+    assert plain[-1] >= 8.0  # without a verdict: the exponential backoff
 
 
 def test_retries_exhausted_reraise(serve: Serve) -> None:

@@ -51,3 +51,15 @@ def test_a_transient_failure_is_retried_until_the_retries_are_spent() -> None:
         assert _probe.retry_transient(ProviderUnavailable("5xx")) is None  # spent: record it
     finally:
         _probe.pop_request()
+
+
+def test_a_providers_failure_is_retried_by_its_breakers_verdict_whatever_the_backoff() -> None:
+    # The breaker decides in 1.5 s whether the provider is down: the retry comes by then,
+    # even where the backoff (8 s and more at the fourth retry) would wait longer.
+    exc = ProviderUnavailable("searxng: HTTP 502", kind="status", verdict_in_s=1.5)
+    for retries in range(6):
+        waited = retry_countdown(exc, retries, backoff_s=2.0, backoff_max_s=60.0)
+        assert waited <= 1.5
+    early = retry_countdown(ProviderUnavailable("x", verdict_in_s=30.0), 0, backoff_s=2.0,
+                            backoff_max_s=60.0)  # fmt: skip
+    assert 2.0 <= early <= 3.0  # a verdict far off: the backoff as before

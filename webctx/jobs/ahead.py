@@ -15,7 +15,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 import redis
 
+from webctx.errors import ProviderDown
 from webctx.jobs.engine import Engine
+from webctx.jobs.steps import provider_down
 from webctx.models import Page
 from webctx.stages.ahead import embed_ahead
 
@@ -62,6 +64,9 @@ def embed_page_ahead(engine: Engine, job_id: str, page: Page) -> None:
             )  # fmt: skip
     except redis.RedisError:
         raise  # the job store is down, not the page: redelivered once Redis is back
+    except ProviderDown as exc:  # rank would meet it too: the job fails now
+        provider_down(engine, job_id, exc)
+        return
     except Exception as exc:  # noqa: BLE001 - best effort: rank embeds what is missing
         logger.info("page not embedded ahead", extra={"job_id": job_id, "url": page.url,
                                                        "error": str(exc)})  # fmt: skip

@@ -21,6 +21,7 @@ from webctx.jobs.group_flush import GroupFlush
 from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobStore
 from webctx.models import Page
+from webctx.net.breaker import ProviderBreaker
 from webctx.net.ratelimit import RedisRateLimiter
 from webctx.protocols import (
     ConditionalFetcher,
@@ -70,6 +71,9 @@ class Engine:
     indexed_copy: IndexedCopy
     cache: EmbeddingCache | None = None
     limiter: RedisRateLimiter | None = None
+    breakers: tuple[ProviderBreaker, ...] = ()
+    """The search and embeddings providers' shared breakers: a job fails at once while one
+    of them is open (`webctx.jobs.steps.plan_job`)."""
     renderer: Renderer | None = None
     """The browser of this process (launched on first use); None: none installed."""
     pdf: PdfReader | None = None

@@ -14,12 +14,12 @@ from contextlib import contextmanager
 
 import redis
 
-from webctx.errors import TransientError
+from webctx.errors import ProviderDown, TransientError
 from webctx.jobs.ahead import ahead_wanted, embed_page_ahead
 from webctx.jobs.engine import Engine, Retry
 from webctx.jobs.fetching import fetch_for_job
 from webctx.jobs.rendering import ToRender, render_for_job
-from webctx.jobs.steps import prefiltered, record_failure
+from webctx.jobs.steps import prefiltered, provider_down, record_failure
 from webctx.models import Failure, Page
 from webctx.stages.compose import EmbeddedPage, IndexOutcome, embed_page, store_page
 
@@ -92,13 +92,15 @@ def embed_one(engine: Engine, job_id: str, url_id: str, *, retry: Retry) -> None
                     embed_page_ahead(engine, job_id, page)
         engine.fanin.settled(job_id, url_id)
         return
-    staged = False
+    staged: bool | None = False
     if page is not None and not jobs.is_done(job_id, "embed", url_id):
         jobs.mark_stage(job_id, "embed", start=True)
         with _delivery(engine, job_id, "embed", url_id, url=page.url) as alive:
             if alive:
                 staged = _embed_and_stage(engine, job_id, url_id, page, retry)
         jobs.mark_stage(job_id, "embed", start=False)
+    if staged is None:  # the job failed: its provider is down
+        return
     if staged:
         engine.fanin.to_store(job_id, url_id)
     else:
@@ -131,8 +133,9 @@ def index_later(engine: Engine, job_id: str, url_id: str, *, retry: Retry) -> No
         embedded = _embed(engine, page)
         written = store_page(embedded, store=engine.store, url=page.final_url,
                              model=engine.embedder.model)  # fmt: skip
-    except TransientError as exc:
-        retry(exc)
+    except (ProviderDown, TransientError) as exc:  # down: a later job indexes the page
+        if isinstance(exc, TransientError):
+            retry(exc)
         logger.warning("page not indexed", extra={"job_id": job_id, "url": page.url,
                                                   "error": str(exc)})  # fmt: skip
         return
@@ -167,14 +170,20 @@ def _embed(engine: Engine, page: Page) -> EmbeddedPage:
                       limiter=engine.limiter)  # fmt: skip
 
 
-def _embed_and_stage(engine: Engine, job_id: str, url_id: str, page: Page, retry: Retry) -> bool:
-    """Chunk and embed the page and stage it; True when the store task must follow."""
+def _embed_and_stage(
+    engine: Engine, job_id: str, url_id: str, page: Page, retry: Retry
+) -> bool | None:
+    """Chunk and embed the page and stage it; True when the store task must follow, None
+    when the embeddings provider is down (the job failed)."""
     if _counted_if_stored(engine, job_id, page):  # nothing to chunk or embed
         return False
     try:
         embedded = _embed(engine, page)
         if embedded.chunks:
             engine.staging.put(embedded.chunks, embedded.vectors)
+    except ProviderDown as exc:
+        provider_down(engine, job_id, exc)
+        return None
     except TransientError as exc:
         retry(exc)
         record_failure(engine, job_id, url_id, page.url, "embed", exc)

@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from webctx.errors import TransientError, WebctxError
+from webctx.errors import ProviderDown, TransientError, WebctxError
 from webctx.jobs.engine import Engine, Retry
 from webctx.models import Bundle, BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.stages.bundle import build_bundle
@@ -28,6 +28,10 @@ def plan_job(engine: Engine, job_id: str) -> None:
     """Turn the question into search queries (once) and start one search per query."""
     jobs = engine.jobs
     if not jobs.is_active(job_id):
+        return
+    down = next((d for b in engine.breakers if (d := b.down()) is not None), None)
+    if down is not None:  # a provider the job needs is known to be down: fail now
+        provider_down(engine, job_id, down)
         return
     jobs.set_status(job_id, JobStatus.RUNNING)
     jobs.mark_stage(job_id, "plan", start=True)
@@ -54,6 +58,9 @@ def search_one(engine: Engine, job_id: str, query_idx: int, *, retry: Retry) -> 
         limit = max(engine.settings.search_results_per_query, jobs.request(job_id).max_sources)
         try:
             results = _cached_search(engine, job_id, query, limit)
+        except ProviderDown as exc:
+            provider_down(engine, job_id, exc)
+            return
         except WebctxError as exc:
             if isinstance(exc, TransientError):
                 retry(exc)
@@ -101,6 +108,9 @@ def embed_question(engine: Engine, job_id: str) -> None:
             max_input_tokens=embedding.max_input_tokens,
             max_attempts=1,
         )
+    except ProviderDown as exc:  # the job's pages would meet it too: fail now, not later
+        provider_down(engine, job_id, exc)
+        return
     except Exception as exc:  # noqa: BLE001 - the rank task embeds it and reports failures
         logger.info("question not embedded ahead", extra={"job_id": job_id, "error": str(exc)})
         return
@@ -150,6 +160,9 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
                 question_vector=_question_ahead(engine, job_id, request.question),
                 retrievals=jobs.retrievals(job_id), counted=engine.counts_ahead.take(job_id),
             )  # fmt: skip
+    except ProviderDown as exc:
+        provider_down(engine, job_id, exc)
+        return
     except TransientError as exc:
         retry(exc)
         jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc}")
@@ -203,6 +216,15 @@ def _answer_prefiltered(
         question_vector=_question_ahead(engine, job_id, request.question),
         retrievals=engine.jobs.retrievals(job_id),
     )  # fmt: skip
+
+
+def provider_down(engine: Engine, job_id: str, exc: ProviderDown) -> None:
+    """End the job failed because a provider it needs is down: the outage's one line as
+    its error, `provider_down` as its reason, and no failure of a page or query (they are
+    not what failed). Its other tasks then find it finished and do nothing."""
+    engine.jobs.set_status(job_id, JobStatus.FAILED, error=str(exc), reason=exc.reason)
+    logger.warning("job failed: provider down", extra={"job_id": job_id, "url": exc.url,
+                                                       "provider": exc.provider})  # fmt: skip
 
 
 def record_failure(

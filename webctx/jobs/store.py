@@ -21,15 +21,7 @@ import redis
 
 from webctx.errors import JobNotFound
 from webctx.jobs.quota import StoredBytes
-from webctx.models import (
-    Bundle,
-    Failure,
-    JobRequest,
-    JobStatus,
-    Page,
-    Retrieval,
-    SearchResult,
-)
+from webctx.models import Bundle, Failure, JobRequest, JobStatus, Page, Retrieval, SearchResult
 
 Step = Literal["search", "fetch", "embed"]
 
@@ -46,6 +38,8 @@ class JobProgress:
     job_id: str
     status: JobStatus
     error: str | None = None
+    reason: str | None = None
+    """Why the job failed as a whole (`provider_down`), when not because of its pages."""
     queries: int = 0
     searched: int = 0
     urls: int = 0
@@ -200,8 +194,11 @@ class JobStore:
             raise JobNotFound(job_id)
         return JobStatus(cast(str, raw))
 
-    def set_status(self, job_id: str, status: JobStatus, *, error: str | None = None) -> None:
-        """Move the job to `status`; a finished job never moves again."""
+    def set_status(
+        self, job_id: str, status: JobStatus, *, error: str | None = None, reason: str = ""
+    ) -> None:
+        """Move the job to `status` (`reason`: why it failed as a whole, e.g. provider_down);
+        a finished job never moves again."""
         meta = self._k(job_id, "meta")
         current = self._redis.hget(meta, "status")
         if current in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
@@ -209,6 +206,8 @@ class JobStore:
         mapping: dict[Any, Any] = {"status": status.value}
         if error:
             mapping["error"] = error
+        if reason:
+            mapping["reason"] = reason
         finished = status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
         if finished:
             mapping["finished_at"] = f"{time.time():.3f}"
@@ -488,6 +487,7 @@ class JobStore:
             job_id=job_id,
             status=JobStatus(meta["status"]),
             error=meta.get("error"),
+            reason=meta.get("reason"),
             queries=len(json.loads(meta["queries"])) if "queries" in meta else 0,
             searched=self.done_count(job_id, "search"),
             urls=int(self._redis.hlen(self._k(job_id, "urls"))),

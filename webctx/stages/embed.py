@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
-from webctx.errors import ConfigError, ProviderError, ProviderUnavailable, RateLimited
+from webctx.errors import (
+    ConfigError,
+    ProviderDown,
+    ProviderError,
+    ProviderUnavailable,
+    RateLimited,
+)
 from webctx.protocols import Embedder, EmbeddingCache, Embeddings
 from webctx.tokens import count_tokens, truncate_to_tokens
 
@@ -139,11 +145,15 @@ def backoff_delay(
     attempt: int, exc: Exception, *, base_delay_s: float, max_delay_s: float
 ) -> float:
     """Seconds before retry number `attempt` (1-based): the server's `retry_after` plus a
-    little jitter, else exponential backoff with jitter so workers do not retry in step."""
+    little jitter, else exponential backoff with jitter so workers do not retry in step,
+    cut to when the shared breaker decides on the outage (`verdict_in_s`)."""
     if isinstance(exc, RateLimited) and exc.retry_after is not None:
         return exc.retry_after + random.uniform(0, 0.1 * exc.retry_after + 0.05)
     cap = min(max_delay_s, base_delay_s * 2 ** (attempt - 1))
-    return random.uniform(cap / 2, cap)
+    delay = random.uniform(cap / 2, cap)
+    verdict = exc.verdict_in_s if isinstance(exc, ProviderUnavailable) else None
+    # Never past the shared breaker's verdict on the outage: then a retry ends or goes on.
+    return delay if verdict is None else min(delay, verdict)
 
 
 def call_with_retries(
@@ -285,6 +295,9 @@ class LimitedEmbedder:
             self.limiter.settle(reservation, sent=False)
             self.limiter.pause(exc.retry_after if exc.retry_after is not None else 1.0)
             self._observe(exc.rate_limits)
+            raise
+        except ProviderDown:  # its breaker is open: nothing was sent
+            self.limiter.settle(reservation, sent=False)
             raise
         except Exception:
             self.limiter.settle(reservation)  # it may have been counted: keep it
