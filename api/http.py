@@ -12,7 +12,7 @@ they work on a network without internet access.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -43,6 +43,8 @@ from webctx.errors import (
     Unauthorized,
     WebctxError,
 )
+from webctx.models import JobRequest
+from webctx.problems import plain_problems
 from webctx.settings import Settings, get_settings
 from webctx.workers.app import app as celery_app
 from webctx.workers.metrics import observe_api
@@ -83,12 +85,15 @@ def error_response(exc: WebctxError) -> JSONResponse:
     return JSONResponse({"error": code, "message": str(exc)}, status, headers=headers)
 
 
-def _validation_message(errors: list[Any]) -> str:
-    parts = []
-    for err in errors[:10]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "invalid request: " + "; ".join(parts)
+def _validation_body(errors: Sequence[Any]) -> dict[str, Any]:
+    """A 422's body: the problems in plain words, and each as `detail` (where, what kind,
+    the sentence) for programs."""
+    schema = JobRequest.model_json_schema()  # the job knobs' ranges, for "between a and b"
+    sentences = plain_problems(errors, schema)
+    detail = [{"loc": list(err.get("loc", ())), "type": err.get("type", ""), "msg": sentence}
+              for err, sentence in zip(errors, sentences, strict=True)]  # fmt: skip
+    message = "invalid request: " + "; ".join(sentences[:10])
+    return {"error": "invalid_request", "message": message, "detail": detail}
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -98,9 +103,7 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
-        body = {"error": "invalid_request", "message": _validation_message(errors)}
-        return JSONResponse({**body, "detail": errors}, 422)
+        return JSONResponse(_validation_body(list(exc.errors())), 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -147,8 +147,12 @@ def _interrupted(socket: str, item: str, reply: str) -> dict[str, Any]:
 
 
 def validation_problems(exc: ValidationError) -> str:
-    """`field: message; ...` of a refused request (the command line's wording)."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    """A refused request's problems in plain words (`max_sources must be between 1 and
+    100 (got 500); ...`), as every way in says them (webctx/problems.py)."""
+    from webctx.models import JobRequest
+    from webctx.problems import plain_message
+
+    return plain_message(exc.errors(), JobRequest.model_json_schema())
 
 
 @dataclass(frozen=True)

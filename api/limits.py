@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
-from pydantic_core import ErrorDetails
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from webctx.errors import InvalidRequest
 from webctx.models import JobRequest
+from webctx.problems import plain_message
 from webctx.settings import Settings
 
 
@@ -96,16 +96,11 @@ def check_request_limits(request: JobRequest, settings: Settings) -> None:
     """InvalidRequest (422) when a domain list is longer, or an entry longer, than the
     settings allow (WEBCTX_API_MAX_DOMAINS, WEBCTX_API_MAX_DOMAIN_CHARS)."""
     adapter = _domains(settings.api_max_domains, settings.api_max_domain_chars)
-    problems: list[str] = []
+    errors: list[dict[str, Any]] = []
     for field in ("include_domains", "exclude_domains"):
         try:
             adapter.validate_python(getattr(request, field))
         except ValidationError as exc:
-            problems += [_problem(field, error) for error in exc.errors()[:3]]
-    if problems:
-        raise InvalidRequest("invalid request: " + "; ".join(problems))
-
-
-def _problem(field: str, error: ErrorDetails) -> str:
-    where = ".".join([field, *(str(part) for part in error["loc"])])
-    return f"{where}: {error['msg']}"
+            errors += [{**e, "loc": (field, *e["loc"])} for e in exc.errors()[:3]]
+    if errors:
+        raise InvalidRequest("invalid request: " + plain_message(errors))

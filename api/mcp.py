@@ -27,7 +27,8 @@ from webctx.api.runtime import Caller, Runtime, cancel, owned_progress, submit
 from webctx.errors import JobNotFound, WebctxError
 from webctx.index.search import IndexHit
 from webctx.jobs.store import JobProgress
-from webctx.models import MAX_AGE_LIMIT_S, Bundle, JobRequest, JobStatus, Page
+from webctx.knobs import MAX_AGE_LIMIT_S
+from webctx.models import Bundle, JobRequest, JobStatus, Page
 from webctx.stages.bundle import render_markdown
 from webctx.stages.instructions import fence_untrusted, flag_note, new_nonce, text_flags
 

@@ -22,14 +22,16 @@ from webctx.cli.interrupt import Interrupted, waits
 
 HELP = frozenset({"--help", "-h"})
 RESEARCH_MODULE = Path(__file__).with_name("jobs.py")
-"""The file that defines `webctx research` (its options and their defaults)."""
+"""The file that defines `webctx research` (its options)."""
+KNOBS_MODULE = Path(webctx.__file__).with_name("knobs.py")
+"""The file that holds the options' defaults and ranges (the job knobs' table)."""
 
 
 def definition(path: Path = RESEARCH_MODULE) -> str:
     """Which definition of the command this process has: webctx's version and the
-    defining file's size and modification time (a reinstalled or edited webctx differs)."""
-    stat = path.stat()
-    return f"{webctx.__version__}:{stat.st_size}:{stat.st_mtime_ns}"
+    defining files' sizes and modification times (a reinstalled or edited webctx differs)."""
+    stats = [p.stat() for p in (path, KNOBS_MODULE)]
+    return ":".join([webctx.__version__, *(f"{s.st_size}:{s.st_mtime_ns}" for s in stats)])
 
 
 def hand_over_early(argv: list[str]) -> str | None:

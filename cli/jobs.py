@@ -17,6 +17,8 @@ from webctx.cli.collector import settle
 from webctx.cli.common import OutputFormat, fail, print_bundle
 from webctx.cli.interrupt import Interrupted, watch
 from webctx.errors import WebctxError
+from webctx.knobs import default as _default
+from webctx.knobs import help_text as _help
 
 if TYPE_CHECKING:
     from webctx.jobs.store import JobProgress, JobStore
@@ -42,10 +44,13 @@ def _request(options: dict[str, Any]) -> JobRequest:
 def research(
     question: Annotated[str, typer.Argument(help="The research question.")],
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.json,
-    max_sources: Annotated[int, typer.Option(help="Pages to fetch at most.")] = 10,
-    top_k: Annotated[int, typer.Option(help="Chunks in the bundle at most.")] = 60,
-    token_budget: Annotated[int, typer.Option(help="Tokens of chunk text at most.")] = 3000,
-    max_queries: Annotated[int, typer.Option(help="Search queries planned at most.")] = 4,
+    # The knobs' defaults and help: the one table (webctx/knobs.py), read without pydantic.
+    max_sources: Annotated[int, typer.Option(help=_help("max_sources"))] = _default("max_sources"),
+    top_k: Annotated[int, typer.Option(help=_help("top_k"))] = _default("top_k"),
+    token_budget: Annotated[
+        int, typer.Option(help=_help("token_budget"))
+    ] = _default("token_budget"),
+    max_queries: Annotated[int, typer.Option(help=_help("max_queries"))] = _default("max_queries"),
     include_domains: Annotated[
         list[str] | None,
         typer.Option("--include-domain", help="Only sources from this domain (repeatable)."),
@@ -54,9 +59,7 @@ def research(
         list[str] | None,
         typer.Option("--exclude-domain", help="No sources from this domain (repeatable)."),
     ] = None,
-    recency_days: Annotated[
-        int | None, typer.Option(help="Only pages published within this many days.")
-    ] = None,
+    recency_days: Annotated[int | None, typer.Option(help=_help("recency_days"))] = None,
     max_age: Annotated[
         int | None,
         typer.Option(

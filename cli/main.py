@@ -72,6 +72,26 @@ def entry() -> None:
         if sys.argv[1:2] == ["research"]:
             _leave(done)
         raise
+    except Exception as exc:
+        if type(exc).__name__ != "ValidationError" or getattr(exc, "title", "") != "Settings":
+            raise
+        _refuse_settings(exc)
+
+
+def _refuse_settings(exc: Exception) -> NoReturn:
+    """Invalid settings (the environment's, at any command) in plain words, each named by
+    its variable, instead of pydantic's traceback."""
+    from webctx.problems import plain_message
+
+    def variable(loc: tuple[object, ...]) -> str:
+        first = str(loc[0]) if loc else ""
+        if first.isupper():  # a setting read from its own name (OPENAI_API_KEY)
+            return first
+        return "WEBCTX_" + "__".join(str(part) for part in loc).upper()
+
+    errors = [{**e, "loc": (variable(tuple(e["loc"])),)} for e in exc.errors()]  # type: ignore[attr-defined]
+    sys.stderr.write(f"error: invalid settings: {plain_message(errors)}\n")
+    raise SystemExit(2)
 
 
 def _leave(done: SystemExit) -> NoReturn:

@@ -6,15 +6,15 @@ import ipaddress
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import idna
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
+from webctx.knobs import KNOBS, help_text
+
 BUNDLE_SCHEMA_VERSION = 1
-MAX_AGE_LIMIT_S = 365 * 24 * 3600
-"""The largest `max_age` a request may name (one year, in seconds)."""
 
 Retrieved = Literal["live", "revalidated", "cached", "index"]
 """Where a source's text came from: a download for this job, a stored copy the server
@@ -117,15 +117,21 @@ Domain = Annotated[str, AfterValidator(host_name)]
 """A domain filter entry: a host name, normalised by `host_name`."""
 
 
-class JobRequest(BaseModel):
-    """What a caller asks for: the question and the knobs of one research job."""
+def _knob(name: str) -> Any:
+    """A JobRequest field from the knobs' table (webctx/knobs.py)."""
+    knob = KNOBS[name]
+    return Field(default=knob.default, ge=knob.low, le=knob.high, description=help_text(name))
 
-    question: str = Field(min_length=1, max_length=2000)
-    max_sources: int = Field(default=10, ge=1, le=100)
-    # Chunks are small (64 tokens): the budget, not top_k, should bound an ordinary bundle.
-    top_k: int = Field(default=60, ge=1, le=200)
-    token_budget: int = Field(default=3000, ge=50, le=100_000)
-    max_queries: int = Field(default=4, ge=1, le=10)
+
+class JobRequest(BaseModel):
+    """What a caller asks for: the question and the knobs of one research job (their
+    defaults, ranges and help: webctx/knobs.py, the table every surface reads)."""
+
+    question: str = Field(min_length=1, max_length=2000, description="The question to research.")
+    max_sources: int = _knob("max_sources")
+    top_k: int = _knob("top_k")
+    token_budget: int = _knob("token_budget")
+    max_queries: int = _knob("max_queries")
     include_domains: list[Domain] = Field(
         default_factory=list,
         description="Only sources on these host names or their subdomains (`example.com`, "
@@ -135,24 +141,9 @@ class JobRequest(BaseModel):
         default_factory=list,
         description="No sources on these host names or their subdomains (as include_domains).",
     )
-    recency_days: int | None = Field(default=None, ge=1, le=3650)
-    max_age: int | None = Field(
-        default=None,
-        ge=-1,
-        le=MAX_AGE_LIMIT_S,
-        description="Seconds: a stored copy of a page confirmed current this recently is "
-        "used instead of a download. Default (null): the page-cache window "
-        "(WEBCTX_PAGE_CACHE_TTL_S, 24 h) for batch items and the embedded default's jobs; "
-        "interactive jobs on a broker download anew. 0: every page is downloaded for "
-        "this job, never a copy older than the job. -1: stored copies only, of any "
-        "age; a page without one fails `not_cached`, nothing is downloaded. The "
-        "configured windows cap it.",
-    )
-    stale_if_error: bool = Field(
-        default=False,
-        description="When a page's download fails, use the newest stored copy instead "
-        "(its source says `stale` and why); without it the page fails.",
-    )
+    recency_days: int | None = _knob("recency_days")
+    max_age: int | None = _knob("max_age")
+    stale_if_error: bool = _knob("stale_if_error")
 
     @field_validator("question")
     @classmethod

@@ -130,9 +130,16 @@ def test_auth_failures_are_401_and_rate_limit_is_429(api_stack: ApiStack) -> Non
 
 def test_bad_input_is_422_unknown_job_404_and_health(api_stack: ApiStack) -> None:
     with api_stack.client() as c:
-        bad = c.post("/v1/jobs", json={"question": "  ", "max_sources": 0})
+        bad = c.post("/v1/jobs", json={"question": "  ", "max_sources": 0, "top_k": "lots"})
         assert bad.status_code == 422
-        assert "max_sources" in bad.json()["message"] and "question" in bad.json()["message"]
+        assert bad.json()["message"] == (  # plain words; the same on every surface
+            "invalid request: question must contain text; max_sources must be between 1 and"
+            " 100 (got 0); top_k must be a whole number (got 'lots')"
+        ), bad.json()
+        assert [(d["loc"], d["type"]) for d in bad.json()["detail"]] == [
+            (["body", "question"], "value_error"), (["body", "max_sources"], "greater_than_equal"),
+            (["body", "top_k"], "int_parsing")]  # fmt: skip
+        assert "pydantic" not in bad.text
         assert c.post("/v1/jobs", content=b"{not json").status_code == 422
         assert c.post("/v1/jobs", json={**SMALL, "bogus": 1}).status_code == 422
         too_old = c.post("/v1/context", json={**SMALL, "max_age": -2})

@@ -200,7 +200,10 @@ def test_invalid_request_is_refused_before_anything_runs(tmp_path: Path) -> None
     env = clean_env(WEBCTX_QDRANT_PATH=str(tmp_path / "qdrant"))
     done = run_cli(env, "research", "   ", "--max-sources", "0")
     assert done.returncode == 2
-    assert "invalid request" in done.stderr and "max_sources" in done.stderr
+    assert done.stderr.strip().endswith(
+        "error: invalid request: question must contain text; max_sources must be between"
+        " 1 and 100 (got 0)"
+    ), done.stderr
     assert done.stdout == ""  # no job id: nothing submitted (the local service may start)
 
 

@@ -28,6 +28,8 @@ FLOORS: list[set[str]] = [
         "webctx",
         "webctx.errors",
         "webctx.models",
+        "webctx.problems",
+        "webctx.knobs",
         "webctx.logging",
         "webctx.keys",
         "webctx.allocator",

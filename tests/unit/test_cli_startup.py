@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Runs `main()` in a new interpreter with the submission and the state stores replaced by
@@ -89,3 +91,17 @@ def test_research_leaves_at_once_with_its_output_and_exit_code() -> None:
     refused = subprocess.run([*command, "   "], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=120)  # fmt: skip
     assert refused.returncode == 2 and refused.stderr.startswith("error: invalid request")
+
+
+@pytest.mark.parametrize("command", [["status", "abc"], ["research", "why?"], ["mcp"]])
+def test_invalid_settings_are_refused_in_plain_words_naming_the_variable(
+    command: list[str], tmp_path: Path
+) -> None:
+    env = {**os.environ, "WEBCTX_JOB_TIMEOUT_S": "soon", "WEBCTX_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "webctx.cli", *command], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (
+        "error: invalid settings: WEBCTX_JOB_TIMEOUT_S must be a number (got 'soon')\n"
+    )

@@ -7,6 +7,7 @@ any, it belongs to (`batch_of_job`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from webctx.errors import InvalidBatch
 from webctx.models import JobRequest
+from webctx.problems import plain_problems
 
 MAX_LINE_ERRORS = 20
 """An invalid file's error names at most this many lines (and counts the rest)."""
@@ -146,9 +148,14 @@ def parse_item(
     try:
         request = JobRequest.model_validate(fields)
     except ValidationError as exc:
-        problems = ", ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = ", ".join(plain_problems(exc.errors(), _request_schema()))
         return None, f"{problems} (id {item_id!r})"
     return BatchItem(id=str(item_id), request=request), None
+
+
+@functools.cache
+def _request_schema() -> dict[str, Any]:
+    return JobRequest.model_json_schema()
 
 
 _LATER_FIELDS: dict[str, object] = {"max_age": None, "stale_if_error": False}

@@ -1,0 +1,67 @@
+"""The one table of a research job's knobs: each one's default, range and help.
+
+`JobRequest` (webctx/models.py) builds its fields from it, so the HTTP API's body takes
+them; `webctx research` builds its options from it and the MCP `web_context` tool its
+arguments. Plain Python, no pydantic: `webctx research` reads it before its request is
+handed to the local service, where every millisecond of import shows in its latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MAX_AGE_LIMIT_S = 365 * 24 * 3600
+"""The largest `max_age` a request may name (one year, in seconds)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A knob: its default, its range (inclusive; None: unbounded) and its help."""
+
+    default: Any
+    low: int | None
+    high: int | None
+    help: str
+
+
+KNOBS: dict[str, Knob] = {
+    "max_sources": Knob(10, 1, 100, "Pages to fetch at most."),
+    # Chunks are small (64 tokens): the budget, not top_k, should bound an ordinary bundle.
+    "top_k": Knob(60, 1, 200, "Passages in the bundle at most."),
+    "token_budget": Knob(3000, 50, 100_000, "Tokens of passage text at most."),
+    "max_queries": Knob(4, 1, 10, "Search queries planned at most."),
+    "recency_days": Knob(None, 1, 3650, "Only pages published within this many days."),
+    "max_age": Knob(
+        None,
+        -1,
+        MAX_AGE_LIMIT_S,
+        "Seconds: a stored copy of a page confirmed current this recently is used instead "
+        "of a download. Default (null): the page-cache window (WEBCTX_PAGE_CACHE_TTL_S, "
+        "24 h) for batch items and the embedded default's jobs; interactive jobs on a "
+        "broker download anew. 0: every page is downloaded for this job, never a copy older "
+        "than the job. -1: stored copies only, of any age; a page without one fails "
+        "`not_cached`, nothing is downloaded. The configured windows cap it.",
+    ),
+    "stale_if_error": Knob(
+        False,
+        None,
+        None,
+        "When a page's download fails, use the newest stored copy instead (its source says "
+        "`stale` and why); without it the page fails.",
+    ),
+}
+
+
+def default(name: str) -> Any:
+    """The default of knob `name`."""
+    return KNOBS[name].default
+
+
+def help_text(name: str) -> str:
+    """The help of knob `name`, with its range when it has one: `Pages to fetch at most
+    (1-100).`"""
+    knob = KNOBS[name]
+    if knob.low is None or knob.high is None or name == "max_age":
+        return knob.help
+    return f"{knob.help.removesuffix('.')} ({knob.low:,}-{knob.high:,})."
