@@ -67,8 +67,9 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "WEBCTX_JOB_TTL_S after each write"),
     KeyFamily("webctx:page:{content_sha256}", _JOBS, "ttl", "shared",
               "a page a job fetched, by content hash; any job that meets the text links it"),
-    KeyFamily("webctx:tenant:{tenant}:pages", _JOBS, "ttl", "tenant",
-              "the tenant's pages by hash and URL (get_source sees only these)"),
+    KeyFamily("webctx:tenant:{tenant}:pages", "webctx.jobs.tenant_pages", "ttl", "tenant",
+              "the tenant's pages by hash and URL (get_source and the MCP resources see "
+              "only these)"),
     KeyFamily("webctx:tenant:{tenant}:stored", "webctx.jobs.quota", "ttl", "tenant",
               "the tenant's jobs that hold bytes, by when they expire (the quota's index; "
               "job ids by prefix)"),
@@ -78,6 +79,9 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "the tenant's batch ids by when their records expire (ids by prefix)"),
     KeyFamily("webctx:idem:{tenant}:{digest}", _JOBS, "ttl", "tenant",
               "the job an Idempotency-Key named"),
+    KeyFamily("webctx:task:{digest}", "webctx.jobs.task_records", "ttl", "owned",
+              "an MCP task handle by its id's hash: the job or batch it follows, the "
+              "tenant; WEBCTX_JOB_TTL_S after its creation"),
     KeyFamily("webctx:batches:running", _BATCHES, "none", "shared",
               "ids of batches still feeding; a batch leaves it when it ends"),
     KeyFamily("webctx:batchname:{tenant}:{digest}", _BATCHES, "ttl", "tenant",

@@ -23,6 +23,7 @@ from webctx.jobs.engine import Engine, Plan, store_scope
 from webctx.jobs.fanin import FanIn, Start
 from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobObserver, JobStore
+from webctx.jobs.task_records import TaskRecords
 from webctx.jobs.tenants import TenantStore
 from webctx.models import Page
 from webctx.net.addresses import AddressPolicy
@@ -59,6 +60,7 @@ class StateStores:
     sources: SourceRegistry
     runs: RefreshRuns
     records: PageRecords
+    tasks: TaskRecords
     _client: redis.Redis = field(repr=False)
 
     def page_cache(self, *, ttl_s: int) -> PageCache:
@@ -97,7 +99,9 @@ def stores_on(
     jobs = JobStore(client, ttl_s=settings.job_ttl_s, observers=observers)
     return StateStores(jobs=jobs, batches=BatchStore(client, jobs), tenants=TenantStore(client),
                        sources=SourceRegistry(client), runs=RefreshRuns(client),
-                       records=PageRecords(client), _client=client)  # fmt: skip
+                       records=PageRecords(client),
+                       tasks=TaskRecords(client, ttl_s=settings.job_ttl_s),
+                       _client=client)  # fmt: skip
 
 
 @dataclass

@@ -21,6 +21,7 @@ import redis
 
 from webctx.errors import JobNotFound
 from webctx.jobs.quota import StoredBytes
+from webctx.jobs.tenant_pages import TenantPages
 from webctx.models import Bundle, Failure, JobRequest, JobStatus, Page, Retrieval, SearchResult
 
 Step = Literal["search", "fetch", "embed"]
@@ -78,6 +79,7 @@ class JobStore:
         self.ttl_s = ttl_s
         self.observers = tuple(observers)
         self.stored = StoredBytes(client, ttl_s=ttl_s)
+        self.tenant_pages = TenantPages(client, ttl_s=ttl_s)
 
     def _emit(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
         for observer in self.observers:
@@ -173,8 +175,8 @@ class JobStore:
 
     def tenant_page(self, tenant: str, ref: str) -> Page | None:
         """A page one of the tenant's jobs fetched, by content hash or by URL."""
-        sha = self._redis.hget(f"webctx:tenant:{tenant}:pages", ref)
-        return self.page(cast(str, sha)) if sha else None
+        sha = self.tenant_pages.sha_of(tenant, ref)
+        return self.page(sha) if sha else None
 
     def exists(self, job_id: str) -> bool:
         """True if the job is known (and not expired)."""
@@ -306,13 +308,8 @@ class JobStore:
             retrieved = self._k(job_id, "retrieved")
             pipe.hset(retrieved, page.content_sha256, retrieval.model_dump_json())
             self._expire(pipe, retrieved)
-        if tenant:
-            # The tenant's own index of pages (by hash and URL): get_source never sees
-            # a page that only another tenant's jobs fetched.
-            owned = f"webctx:tenant:{tenant}:pages"
-            refs = {page.content_sha256, page.url, page.final_url}
-            pipe.hset(owned, mapping=dict.fromkeys(refs, page.content_sha256))
-            self._expire(pipe, owned)
+        if tenant:  # get_source never sees a page only another tenant's jobs fetched
+            self.tenant_pages.link(pipe, tenant, page)
         pipe.execute()
         self._emit("page", job_id, {"url_id": url_id})
         return page.content_sha256
