@@ -65,3 +65,16 @@ def help_text(name: str) -> str:
     if knob.low is None or knob.high is None or name == "max_age":
         return knob.help
     return f"{knob.help.removesuffix('.')} ({knob.low:,}-{knob.high:,})."
+
+
+def knobs_table() -> str:
+    """The table's rows as docs/api.md shows them (one Markdown row per knob)."""
+    rows = []
+    for name, knob in KNOBS.items():
+        if isinstance(knob.default, bool) or knob.default is None:
+            value = {None: "unset", True: "true", False: "false"}[knob.default]
+        else:
+            value = f"{knob.default:,}"
+        span = "" if knob.low is None else f"{knob.low:,} to {knob.high:,}"
+        rows.append(f"| `{name}` | {value} | {span} | {knob.help} |")
+    return "\n".join(rows)

@@ -15,20 +15,26 @@ from typing import Any
 
 import httpx2
 import pytest
+import redis
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import ROOT, clean_env
+from tests.conftest import ROOT, clean_env, redis_url
 from tests.integration.conftest import ApiStack
+from tests.rawmcp import RawHttp, poll
+from tests.sdk_tasks import TasksClient
 from tests.testweb import LoopbackWeb
 from webctx.api.routes.oauth import NO_OAUTH
+from webctx.knobs import default
 from webctx.models import Bundle
 
 # One xdist worker runs this module: one API stack for its HTTP test, and the rest.
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("mcp_stack")]
 QUESTION = "how do lithium-ion batteries degrade?"
+TOOLS = {"web_context", "web_context_batch", "get_job", "get_source", "search_index"}
 # A loaded machine may need more than the default wait (WEBCTX_MCP_WAIT_S, 50 s) for a job.
 ARGS = {"question": QUESTION, "max_sources": 4, "top_k": 5, "token_budget": 800, "wait_s": 110}
+TASK_ARGS = {k: v for k, v in ARGS.items() if k != "wait_s"}  # a task does not wait
 
 
 @pytest.fixture
@@ -36,10 +42,19 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _http_client(stack: ApiStack, token: str | None) -> Client:
+def _http_client(stack: ApiStack, token: str | None, **options: Any) -> Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120))
-    return Client(streamable_http_client(f"{stack.url}/mcp", http_client=http))
+    return Client(streamable_http_client(f"{stack.url}/mcp", http_client=http), **options)
+
+
+def _task_records() -> int:
+    """Task records in the stack's Redis (webctx/jobs/task_records.py)."""
+    client = redis.Redis.from_url(redis_url())
+    try:
+        return sum(1 for _ in client.scan_iter("webctx:task:*"))
+    finally:
+        client.close()
 
 
 def _check_bundle_result(result: Any, web: LoopbackWeb) -> Bundle:
@@ -60,10 +75,12 @@ async def test_mcp_over_streamable_http_lists_tools_and_answers(api_stack: ApiSt
 
     async with _http_client(api_stack, api_stack.keys["alpha"]) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        assert set(tools) == {"web_context", "get_job", "get_source", "search_index"}
+        assert set(tools) == TOOLS
         schema = tools["web_context"].input_schema
         assert schema["required"] == ["question"]
-        assert schema["properties"]["max_sources"]["maximum"] == 50
+        # The job knobs' one table: the same range and default as the HTTP API's.
+        assert schema["properties"]["max_sources"]["maximum"] == 100
+        assert schema["properties"]["max_sources"]["default"] == default("max_sources")
         assert {"max_age", "stale_if_error"} <= set(schema["properties"])
         assert tools["web_context"].output_schema is not None
         result = await client.call_tool("web_context", ARGS, progress_callback=on_progress)
@@ -78,7 +95,9 @@ async def test_mcp_over_streamable_http_lists_tools_and_answers(api_stack: ApiSt
         assert chunk.text in source.structured_content["text"]
 
         bad = await client.call_tool("web_context", {**ARGS, "max_sources": 0})
-        assert bad.is_error and "max_sources" in bad.content[0].text
+        said = bad.content[0].text  # type: ignore[union-attr]
+        assert bad.is_error and "max_sources must be between 1 and 100 (got 0)" in said
+        assert "pydantic" not in said
         missing = await client.call_tool("get_source", {"ref": "http://nowhere.invalid/"})
         assert missing.is_error and "no stored source" in missing.content[0].text
 
@@ -110,7 +129,7 @@ async def test_mcp_over_stdio_answers_through_the_local_service(
     )
     async with Client(params, read_timeout_seconds=120) as client:
         names = {t.name for t in (await client.list_tools()).tools}
-        assert names == {"web_context", "get_job", "get_source", "search_index"}
+        assert names == TOOLS
         result = await client.call_tool("web_context", {**ARGS, "max_sources": 6})
         _check_bundle_result(result, test_web)
 
@@ -146,6 +165,36 @@ async def test_mcp_over_http_hands_back_a_running_job_and_get_job_finishes_it(
     async with _http_client(api_stack, api_stack.keys["beta"]) as other:
         theirs = await other.call_tool("get_job", {"job_id": job["job_id"], "wait_s": 0})
         assert theirs.is_error
+
+
+async def test_mcp_tasks_over_http_belong_to_the_key_that_made_them(api_stack: ApiStack) -> None:
+    url = f"{api_stack.url}/mcp"
+    alpha = RawHttp(url, key=api_stack.keys["alpha"])
+    beta = RawHttp(url, key=api_stack.keys["beta"])
+    created = alpha.request("tools/call", {"name": "web_context", "arguments": TASK_ARGS})
+    task_id = created["result"]["taskId"]
+    assert created["result"]["resultType"] == "task"
+    for method in ("tasks/get", "tasks/cancel", "tasks/update"):
+        theirs = beta.request(method, {"taskId": task_id, "inputResponses": {}})
+        assert theirs["error"]["code"] == -32602, (method, theirs)  # as if it did not exist
+    keyless = RawHttp(url, key=None).request("tasks/get", {"taskId": task_id})
+    assert keyless["error"] == "unauthorized"  # the 401 of every /mcp request without a key
+    done = poll(alpha, task_id)[-1]  # beta's cancel changed nothing
+    assert done["status"] == "completed", done
+    bundle = Bundle.model_validate(done["result"]["structuredContent"])
+    assert bundle.chunks and all(s.url.startswith(api_stack.web.site.url) for s in bundle.sources)
+
+
+async def test_python_sdk_with_the_tasks_extension_gets_the_tasks_result(
+    api_stack: ApiStack,
+) -> None:
+    tasks = TasksClient()
+    async with _http_client(api_stack, api_stack.keys["alpha"], extensions=[tasks]) as client:
+        assert client.protocol_version == "2026-07-28"
+        result = await client.call_tool("web_context", TASK_ARGS)
+    _check_bundle_result(result, api_stack.web)
+    assert len(tasks.created) == 1 and tasks.seen[-1]["status"] == "completed"
+    assert all(task["statusMessage"] for task in tasks.seen)
 
 
 @dataclass
@@ -218,4 +267,36 @@ async def test_inspector_cli_shows_why_without_a_key_and_lists_tools_with_one(
     listed = node_clients.inspector(url, "--method", "tools/list", "--header", header)
     assert listed.returncode == 0, listed.stderr[-3000:]
     names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
-    assert names == {"web_context", "get_job", "get_source", "search_index"}
+    assert names == TOOLS
+
+
+async def test_typescript_ext_tasks_client_completes_and_cancels_a_task(
+    api_stack: ApiStack, node_clients: NodeClients
+) -> None:
+    script = ROOT / "tests" / "node" / "ts_tasks.mjs"
+    done = node_clients.run(str(script), f"{api_stack.url}/mcp", api_stack.keys["alpha"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["era"] == "modern" and seen["execution"] is True
+    assert seen["kind"] == "task" and seen["status"] == "completed", seen
+    assert not seen["isError"] and seen["chunks"] > 0
+    assert seen["messages"] and "passages from" in seen["messages"][-1]
+    assert seen["second"]["kind"] == "task" and seen["second"]["after"] == "cancelled"
+
+
+async def test_inspector_cli_runs_web_context_as_a_task_in_the_2026_era_only(
+    api_stack: ApiStack, node_clients: NodeClients
+) -> None:
+    url, header = f"{api_stack.url}/mcp", f"Authorization: Bearer {api_stack.keys['alpha']}"
+    call = ["--method", "tools/call", "--tool-name", "web_context",
+            "--tool-args-json", json.dumps(TASK_ARGS), "--format", "json"]  # fmt: skip
+    for era, new_tasks in (("modern", 1), ("legacy", 0)):
+        before = _task_records()
+        done = node_clients.inspector(url, "--header", header, "--protocol-era", era, *call)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout)["result"]
+        assert not result["isError"], result
+        if new_tasks:  # the task's result, polled to the end; a legacy call waits instead
+            assert result["structuredContent"]["status"] == "succeeded"
+            assert result["structuredContent"]["chunks"]
+        assert _task_records() - before == new_tasks, era

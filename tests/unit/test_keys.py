@@ -31,10 +31,12 @@ MODULES = _modules()
 
 
 def _key_literals(tree: ast.Module) -> list[str]:
-    """String constants that start a Redis key: `webctx:` then no space (not a log label)."""
+    """String constants that start a Redis key: `webctx:` then no space (not a log label)
+    and no slash (`webctx://`, the MCP resources' URI scheme)."""
     return [node.value for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and node.value.startswith("webctx:") and node.value[7:8] not in ("", " ")]  # fmt: skip
+            and node.value.startswith("webctx:")
+            and node.value[7:8] not in ("", " ", "/")]  # fmt: skip
 
 
 def test_only_the_owners_of_key_families_spell_webctx_keys() -> None:

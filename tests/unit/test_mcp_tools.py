@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import redis_url
 from tests.factories import make_page
@@ -27,6 +28,7 @@ from webctx.workers.deps import stores_on
 
 pytestmark = pytest.mark.anyio
 TENANT = "local"
+TOOLS = {"web_context", "web_context_batch", "get_job", "get_source", "search_index"}
 
 
 @pytest.fixture
@@ -50,7 +52,7 @@ async def test_mcp_server_names_its_version_annotations_and_every_tool(runtime: 
         assert client.server_info is not None
         assert client.server_info.version == __version__ != ""
         instructions = client.instructions or ""
-    assert {t.name for t in tools} == {"web_context", "get_job", "get_source", "search_index"}
+    assert {t.name for t in tools} == TOOLS
     for tool in tools:
         assert tool.annotations is not None, tool.name
         hints = tool.annotations
@@ -218,3 +220,44 @@ async def test_a_call_without_wait_s_returns_after_the_server_wait(runtime: Runt
         waited = time.monotonic() - started
     assert not result.is_error and (result.structured_content or {})["status"] == "queued"
     assert 0.5 <= waited < 5
+
+
+async def test_stored_sources_are_resources_their_tenant_lists_and_reads(
+    runtime: Runtime,
+) -> None:
+    mine = make_page(url="https://m.example/a", title="Mine", author="Ada")
+    theirs = make_page(url="https://t.example/b", title="Theirs")
+    runtime.jobs.save_page(runtime.jobs.create(JobRequest(question="q"), tenant=TENANT), "u", mine)
+    other = runtime.jobs.create(JobRequest(question="q"), tenant="someone-else")
+    runtime.jobs.save_page(other, "u", theirs)
+    async with Client(build_mcp(lambda: runtime)) as client:
+        templates = (await client.list_resource_templates()).resource_templates
+        listed = (await client.list_resources()).resources
+        read = await client.read_resource(f"webctx://sources/{mine.content_sha256}")
+        with pytest.raises(MCPError) as refused:
+            await client.read_resource(f"webctx://sources/{theirs.content_sha256}")
+    assert [t.uri_template for t in templates] == ["webctx://sources/{content_sha256}"]
+    assert [(str(r.uri), r.name) for r in listed] == [
+        (f"webctx://sources/{mine.content_sha256}", mine.url)
+    ]
+    text = read.contents[0].text  # type: ignore[union-attr]
+    assert text.startswith(f"Source {mine.url}\n") and "[author: Ada]" in text
+    assert f"[content_sha256: {mine.content_sha256}]" in text
+    assert "<<<webctx-untrusted" in text and mine.text in text
+    assert refused.value.code == -32602  # another tenant's source is no source of yours
+
+
+async def test_tool_arguments_refused_in_plain_words(runtime: Runtime) -> None:
+    async with Client(build_mcp(lambda: runtime)) as client:
+        knobs = await client.call_tool("web_context", {"question": "q", "max_sources": 500,
+                                                       "top_k": "many"})  # fmt: skip
+        missing = await client.call_tool("web_context", {"max_sources": 5})
+        short = await client.call_tool("get_source", {"ref": "x", "max_chars": 5})
+    said = [r.content[0].text for r in (knobs, missing, short)]  # type: ignore[union-attr]
+    assert said == [
+        "invalid arguments: max_sources must be between 1 and 100 (got 500); top_k must be a"
+        " whole number (got 'many')",
+        "invalid arguments: question is required",
+        "invalid arguments: max_chars must be between 100 and 200,000 (got 5)",
+    ]
+    assert all(r.is_error for r in (knobs, missing, short))

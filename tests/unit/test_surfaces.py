@@ -12,12 +12,13 @@ import redis
 import typer.main
 from mcp import Client
 
-from tests.conftest import clean_env, redis_url, run_cli
+from tests.conftest import ROOT, clean_env, redis_url, run_cli
 from webctx.api.http import create_app
 from webctx.api.mcp import build_mcp
 from webctx.api.runtime import Runtime
 from webctx.cli.app import cli
 from webctx.jobs.batch_items import parse_item
+from webctx.knobs import default, knobs_table
 from webctx.models import JobRequest
 from webctx.settings import Settings
 from webctx.workers.deps import stores_on
@@ -136,10 +137,48 @@ def test_every_surface_refuses_a_domain_that_is_not_a_host_name_naming_it(
         assert result.is_error
         return str(result.content[0].text)  # type: ignore[union-attr]
 
-    assert "include_domains.1" in (text := anyio.run(tool)) and why in text
+    assert f"include_domains[1]: {why}" in anyio.run(tool)
     item, error = parse_item({"id": "a", "question": "q", "exclude_domains": [bad]})
     assert item is None and error is not None and why in error
     env = clean_env(CELERY_BROKER_URL="redis://127.0.0.1:9/0",  # refused before it connects
                     WEBCTX_QDRANT_PATH=str(tmp_path / "q"))  # fmt: skip
     done = run_cli(env, "research", "q", "--exclude-domain", bad, "--no-wait")
-    assert done.returncode == 2 and why in done.stderr and "exclude_domains.0" in done.stderr
+    assert done.returncode == 2 and f"exclude_domains[0]: {why}" in done.stderr
+
+
+def _bounds(prop: dict[str, Any]) -> tuple[Any, Any]:
+    branches = [prop, *prop.get("anyOf", [])]
+    low = next((b["minimum"] for b in branches if "minimum" in b), None)
+    high = next((b["maximum"] for b in branches if "maximum" in b), None)
+    return low, high
+
+
+def test_every_surface_reads_its_defaults_and_ranges_from_the_one_table() -> None:
+    """JobRequest's fields are the table: the CLI's option defaults, the MCP tool's schema
+    and the HTTP API's schema give the same default and range for each knob."""
+    table = JobRequest.model_json_schema()["properties"]
+    command = typer.main.get_command(cli)
+    research = {p.name: p for p in command.commands["research"].params}  # type: ignore[attr-defined]
+
+    async def tool_schema() -> dict[str, Any]:
+        async with Client(build_mcp(_no_runtime)) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+        return tools["web_context"].input_schema
+
+    mcp = anyio.run(tool_schema)["properties"]
+    app = create_app(Settings(api_auth="required"), host="127.0.0.1")
+    http = app.openapi()["components"]["schemas"]["JobSubmit"]["properties"]
+    for name in ("max_sources", "top_k", "token_budget", "max_queries", "recency_days"):
+        want = (table[name].get("default"), _bounds(table[name]))
+        assert research[name].default == want[0], f"CLI --{name}"  # JobRequest checks it
+        assert (mcp[name].get("default"), _bounds(mcp[name])) == want, f"MCP {name}"
+        assert (http[name].get("default"), _bounds(http[name])) == want, f"HTTP {name}"
+        assert mcp[name]["description"] == table[name]["description"] == http[name]["description"]
+    assert default("max_sources") == 10  # the MCP tool used to fetch 8
+
+
+def test_the_api_docs_show_the_knobs_table_as_it_is() -> None:
+    text = (ROOT / "docs" / "api.md").read_text()
+    shown = text.split("| knob | default | range | what |\n|---|---|---|---|\n", 1)[1]
+    shown = shown.split("\n<!-- /knobs -->", 1)[0]
+    assert shown == knobs_table(), f"docs/api.md's knobs table is stale; now:\n{knobs_table()}"
