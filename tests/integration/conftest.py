@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ import pytest
 import redis
 import trafilatura
 
-from tests.conftest import CliProcess, WorkerProcess, clean_env, redis_url, run_cli
+from tests.conftest import ROOT, CliProcess, WorkerProcess, clean_env, redis_url, run_cli
 from tests.testweb import MODEL, LoopbackWeb
 from webctx.adapters.hash_embedder import HashEmbedder
 from webctx.demo.web import load_corpus
@@ -164,3 +166,38 @@ def items_after_a_research_job(
     assert len(finished) == len(jobs), finished
     assert client.hget(f"webctx:job:{job_id}:meta", "status") == "succeeded"
     return sum(at > finished[job_id] for at in finished.values()), finished
+
+
+@dataclass
+class NodeClients:
+    """Node 22 with the TypeScript SDK and the MCP Inspector (scripts/mcp-clients)."""
+
+    node: str
+    modules: Path
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """`node ARGS` with the clients' modules on NODE_PATH, a throwaway HOME."""
+        home = self.modules.parent / "home"
+        home.mkdir(exist_ok=True)
+        full = clean_env(NODE_PATH=str(self.modules), HOME=str(home), NO_COLOR="1",
+                         MCP_INSPECTOR_SECRET_STORE="memory", **env)  # fmt: skip
+        return subprocess.run([self.node, *args], env=full, capture_output=True, text=True,
+                              timeout=180, check=False)  # fmt: skip
+
+    def inspector(self, url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """The Inspector's --cli."""
+        launcher = self.modules / "@modelcontextprotocol/inspector/clients/launcher/build/index.js"
+        return self.run(str(launcher), "--cli", url, *args, **env)
+
+
+@pytest.fixture(scope="module")
+def node_clients() -> NodeClients:
+    """The installed clients, or a skip that says how to install them."""
+    base = Path(os.environ.get("WEBCTX_TEST_MCP_CLIENTS", ROOT / ".cache" / "mcp-clients"))
+    modules = base / "node_modules"
+    node = modules / "node" / "bin" / "node"
+    wanted = [node, modules / "@modelcontextprotocol/sdk/package.json",
+              modules / "@modelcontextprotocol/inspector/package.json"]  # fmt: skip
+    if not all(p.exists() for p in wanted):
+        pytest.skip(f"no Node 22 and MCP clients in {base}: run scripts/mcp-clients")
+    return NodeClients(node=str(node), modules=modules)

@@ -6,10 +6,7 @@ on) and the MCP Inspector's CLI, installed by scripts/mcp-clients (skipped witho
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.conftest import ROOT, clean_env, redis_url
-from tests.integration.conftest import ApiStack
+from tests.integration.conftest import ApiStack, NodeClients
 from tests.rawmcp import RawHttp, poll
 from tests.sdk_tasks import TasksClient
 from tests.testweb import LoopbackWeb
@@ -195,41 +192,6 @@ async def test_python_sdk_with_the_tasks_extension_gets_the_tasks_result(
     _check_bundle_result(result, api_stack.web)
     assert len(tasks.created) == 1 and tasks.seen[-1]["status"] == "completed"
     assert all(task["statusMessage"] for task in tasks.seen)
-
-
-@dataclass
-class NodeClients:
-    """Node 22 with the TypeScript SDK and the MCP Inspector (scripts/mcp-clients)."""
-
-    node: str
-    modules: Path
-
-    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        """`node ARGS` with the clients' modules on NODE_PATH, a throwaway HOME."""
-        home = self.modules.parent / "home"
-        home.mkdir(exist_ok=True)
-        full = clean_env(NODE_PATH=str(self.modules), HOME=str(home), NO_COLOR="1",
-                         MCP_INSPECTOR_SECRET_STORE="memory", **env)  # fmt: skip
-        return subprocess.run([self.node, *args], env=full, capture_output=True, text=True,
-                              timeout=180, check=False)  # fmt: skip
-
-    def inspector(self, url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        """The Inspector's --cli."""
-        launcher = self.modules / "@modelcontextprotocol/inspector/clients/launcher/build/index.js"
-        return self.run(str(launcher), "--cli", url, *args, **env)
-
-
-@pytest.fixture(scope="module")
-def node_clients() -> NodeClients:
-    """The installed clients, or a skip that says how to install them."""
-    base = Path(os.environ.get("WEBCTX_TEST_MCP_CLIENTS", ROOT / ".cache" / "mcp-clients"))
-    modules = base / "node_modules"
-    node = modules / "node" / "bin" / "node"
-    wanted = [node, modules / "@modelcontextprotocol/sdk/package.json",
-              modules / "@modelcontextprotocol/inspector/package.json"]  # fmt: skip
-    if not all(p.exists() for p in wanted):
-        pytest.skip(f"no Node 22 and MCP clients in {base}: run scripts/mcp-clients")
-    return NodeClients(node=str(node), modules=modules)
 
 
 async def test_typescript_sdk_client_shows_why_without_a_key_and_works_with_one(
