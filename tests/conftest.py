@@ -166,12 +166,28 @@ def state_server_pid(data_dir: Path) -> int | None:
     return pid if b"valkey-server" in cmdline or b"redis-server" in cmdline else None
 
 
+def valkey_pids(data_dir: Path) -> list[int]:
+    """Pids of every running Valkey serving `data_dir`'s socket, read from /proc (whatever
+    its pid file says)."""
+    sock = os.fsencode(data_dir.resolve() / "valkey" / "valkey.sock")
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"valkey-server" in cmdline and sock in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
 def stop_state_server(data_dir: Path) -> None:
-    """SIGKILL the state server whose pid file lies in `data_dir`, if it still runs."""
+    """SIGKILL every state server of `data_dir` still running."""
     pid = state_server_pid(data_dir)
-    if pid is not None:
+    for server in {*valkey_pids(data_dir), *([pid] if pid is not None else [])}:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(server, signal.SIGKILL)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -8,10 +8,11 @@ the Valkey socket) plus Celery beat's schedule (the index's re-index ticks) in a
 It exits after `WEBCTX_SERVICE_IDLE_S` with no task running, no message queued and no
 client request (clients touch its address file at every request).
 
-Started twice for one data directory, the second finds the lock held and exits 0. Killed
+Started twice for one data directory, the second finds the lock held and exits 0. Its
+Valkey lives as long as it does, however it ends (webctx/workers/state_server.py). Killed
 (even by SIGKILL), it leaves its lock free, and the next client starts a new one, which
-reuses the Valkey still running, reopens the vector store, and requeues the dead worker's
-unacked tasks after `WEBCTX_WORKER_LOST_AFTER_S` (webctx/workers/liveness.py).
+starts Valkey again from its append-only file, reopens the vector store, and requeues the
+dead worker's unacked tasks after `WEBCTX_WORKER_LOST_AFTER_S` (webctx/workers/liveness.py).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -35,7 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from webctx.errors import ConfigError
+from webctx.workers import strays
 from webctx.workers.resp import RespConnection
+from webctx.workers.strays import Stray
 
 logger = logging.getLogger("webctx.service")
 
@@ -45,8 +48,8 @@ START_LOCK_FILE = "service-start.lock"
 LOG_FILE = "service.log"
 START_TIMEOUT_S = 60.0
 PRESENCE_PREFIX = "webctx:"
-"""A client's connection name on the service's Valkey: the service's Valkey is shut down
-only when no such connection is left (webctx/workers/state_server.py)."""
+"""A client's connection name on the service's Valkey (its CLIENT LIST names every local
+process using the service)."""
 
 
 @dataclass(frozen=True)
@@ -128,19 +131,64 @@ def ensure_service(data_dir: Path, *, timeout_s: float = START_TIMEOUT_S) -> Ser
         time.sleep(0.01)
 
 
-def stop_service(data_dir: Path, *, timeout_s: float = 30.0) -> int | None:
-    """Stop the service of `data_dir` (SIGTERM: it finishes its running tasks' hand-off and
-    leaves its queued ones in Valkey); its pid, or None when none ran."""
-    info = running_service(data_dir)
-    if info is None:
+STOP_TIMEOUT_S = 15.0
+"""A stopping service hands its running tasks back within seconds (webctx/workers/
+service.py); one still running after this long is killed."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What `stop_service` ended: the service's pid (None when none ran), whether it had
+    to be killed, the other processes of the data directory it ended, and how long it took."""
+
+    pid: int | None
+    killed: bool
+    left: list[Stray]
+    seconds: float
+
+
+def stop_service(data_dir: Path, *, timeout_s: float = STOP_TIMEOUT_S) -> Stopped:
+    """Stop the service of `data_dir` (SIGTERM: its running tasks go back to their queues,
+    its queued ones wait in Valkey for the next start), SIGKILL it after `timeout_s`, then
+    end whatever else of the data directory still runs (a Valkey a dead service left, an
+    orphaned child)."""
+    started, began = time.monotonic(), time.time()
+    pid = service_holder(data_dir)
+    killed = False
+    if pid is not None:
+        _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _probe(data_dir) != "free" or strays.alive(pid):
+            if time.monotonic() > deadline:
+                _signal(pid, signal.SIGKILL)
+                killed = True
+                strays.wait_ended([pid], 5.0)
+                break
+            time.sleep(0.02)
+    left: list[Stray] = []
+    if _probe(data_dir) == "free":  # else a waiting client has started a service again
+        # Nor a process of one starting right now: only those older than this stop.
+        left = [p for p in strays.directory_processes(data_dir) if p.age_s > time.time() - began]
+        strays.end([p.pid for p in left])
+    return Stopped(pid, killed, left, round(time.monotonic() - started, 2))
+
+
+def service_holder(data_dir: Path) -> int | None:
+    """The pid of the process holding the service's lock (running or still starting), or
+    None when the lock is free."""
+    if _probe(data_dir) == "free":
         return None
-    os.kill(info.pid, 15)
-    deadline = time.monotonic() + timeout_s
-    while _probe(data_dir) != "free" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _probe(data_dir) != "free":
-        os.kill(info.pid, 9)
-    return info.pid
+    try:
+        return int((data_dir / LOCK_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None  # written just after the lock is taken: a moment later it is there
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _probe(data_dir: Path) -> ServiceInfo | str:

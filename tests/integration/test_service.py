@@ -108,9 +108,9 @@ def test_a_service_killed_mid_job_is_started_again_by_the_next_client_and_the_jo
         return status if status["fetched"] >= 1 else None
 
     at_kill = _wait_for(fetched, 60, "a page fetched", every_s=CLI_POLL_S)
-    os.kill(first, signal.SIGKILL)  # its lock, address file and Valkey stay behind
+    os.kill(first, signal.SIGKILL)  # its lock and address file stay behind; its Valkey ends
     _wait_for(lambda: service_pid(data_dir) is None, 10, "the service gone")
-    assert (data_dir / "service.json").exists() and state_server_pid(data_dir) is not None
+    assert (data_dir / "service.json").exists()
 
     def finished() -> dict[str, Any] | None:
         status = json.loads(run_cli(env, "status", job_id).stdout)  # each call: a client
@@ -146,8 +146,8 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     first = json.loads(started.stdout)["pid"]
     valkey = state_server_pid(data_dir)
     assert valkey is not None
-    os.kill(first, signal.SIGKILL)
-    os.kill(valkey, signal.SIGKILL)  # both gone: a lock file, an address, a dead socket left
+    os.kill(valkey, signal.SIGKILL)  # before the service: its socket file stays behind
+    os.kill(first, signal.SIGKILL)  # a lock file, an address, a dead socket left
     _wait_for(
         lambda: service_pid(data_dir) is None and state_server_pid(data_dir) is None, 10, "kill"
     )
@@ -158,7 +158,7 @@ def test_a_stale_lock_and_socket_are_recovered_and_an_idle_service_exits(
     # Checked in this process: a CLI's start can outlast the 1 s idle time on a busy machine.
     assert service_pid(data_dir) == json.loads(again.stdout)["pid"]
     # Idle for a second (no task, no queued message, no request): it exits, and its
-    # Valkey with it (no client is connected).
+    # Valkey with it.
     _wait_for(lambda: service_pid(data_dir) is None, 30, "the idle exit")
     _wait_for(lambda: state_server_pid(data_dir) is None, 10, "Valkey stopped")
     assert not (data_dir / "service.json").exists()

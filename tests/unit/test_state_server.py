@@ -1,5 +1,6 @@
-"""The embedded default's state server: one real Valkey per data directory, reused by
-every process, persisted in its append-only file, stopped by the last process out."""
+"""The embedded default's state server: one real Valkey per data directory, owned by the
+process that started it and ending with it (however it ends), persisted in its
+append-only file; one a dead owner left running is replaced by the next owner."""
 
 from __future__ import annotations
 
@@ -53,25 +54,68 @@ def _server_pid(data_dir: Path) -> int | None:
     return pid
 
 
-def test_two_processes_share_one_server_and_the_last_one_out_stops_it(data_dir: Path) -> None:
-    first = _user(data_dir)
+def _gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_owner_stops_its_server_at_exit_though_another_process_uses_it(
+    data_dir: Path,
+) -> None:
+    owner = _user(data_dir)
     pid = _server_pid(data_dir)
-    second = _user(data_dir)
+    user = _user(data_dir)  # finds the owner alive: uses its server
     assert _server_pid(data_dir) == pid is not None
-    _finish(first)  # its starter leaves; the other process still uses it
-    assert _server_pid(data_dir) == pid
-    client = redis.Redis.from_url(state_server_url(data_dir))
+    client = redis.Redis.from_url(state_server_url(data_dir))  # and so does this process
     assert client.get("users") == b"2"
-    _finish(second)
-    assert _server_pid(data_dir) == pid  # we are still connected
-    release_all()
-    assert _server_pid(data_dir) is None
-    assert not (data_dir / "valkey" / "valkey.sock").exists()
+    _finish(owner)
+    assert _gone(pid, 10)
+    _finish(user)
+
+
+def test_a_server_ends_with_its_owner_killed_by_sigkill(data_dir: Path) -> None:
+    owner = _user(data_dir)
+    pid = _server_pid(data_dir)
+    assert pid is not None
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait(timeout=10)
+    assert _gone(pid, 5)  # the kernel's parent-death signal, not a pid file
+
+
+def test_a_server_left_running_by_a_dead_owner_is_replaced_and_keeps_what_it_held(
+    data_dir: Path,
+) -> None:
+    directory = data_dir / "valkey"
+    directory.mkdir(parents=True)
+    sock = directory / "valkey.sock"
+    # As a service killed where there is no parent-death signal (or an older webctx) leaves it.
+    stray = subprocess.Popen(
+        [state_server.server_binary(), "--port", "0", "--unixsocket", str(sock), "--dir",
+         str(directory), "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+        cwd=directory, stdout=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not sock.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    redis.Redis(unix_socket_path=str(sock)).set("kept", "yes")
+    client = redis.Redis.from_url(state_server_url(data_dir))
+    assert stray.wait(timeout=10) == 0  # asked to shut down: its file flushed
+    assert client.get("kept") == b"yes"
+    assert _server_pid(data_dir) not in (None, stray.pid)
 
 
 def test_what_was_written_survives_a_restart_from_the_append_only_file(data_dir: Path) -> None:
     redis.Redis.from_url(state_server_url(data_dir)).set("kept", "yes")
-    release_all()  # the only user: the server stops, flushing its append-only file
+    release_all()  # its owner: the server stops, flushing its append-only file
     assert _server_pid(data_dir) is None
     assert redis.Redis.from_url(state_server_url(data_dir)).get("kept") == b"yes"
 
