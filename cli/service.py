@@ -36,7 +36,7 @@ def service_run() -> None:
     from webctx.cli.config import names_warnings
     from webctx.cli.jobs import request_of_argv, warm_research_parser
     from webctx.logging import configure_logging
-    from webctx.workers.service import run_service
+    from webctx.workers.service import exit_now, run_service
 
     settings = get_settings()
     configure_logging(json=settings.log_format == "json", level=settings.log_level)
@@ -48,7 +48,7 @@ def service_run() -> None:
     # The inbox reads `webctx research` command lines as typed, too (webctx/cli/handover.py).
     lines = CommandLines(parse=request_of_argv, warm=warm_research_parser, warnings=names_warnings)
     inbox = partial(serve_inbox, settings, command_lines=lines)
-    raise typer.Exit(run_service(settings, inbox=(INBOX_KEY, inbox)))
+    exit_now(run_service(settings, inbox=(INBOX_KEY, inbox)))
 
 
 @service.command("start")

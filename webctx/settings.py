@@ -359,9 +359,10 @@ class Settings(BaseSettings):
     service_idle_s: float = Field(default=600.0, ge=0)
     """The local service (no `CELERY_BROKER_URL`) exits after this many seconds with no task
     running, no message queued and no client request; the next client starts it again (about 2–3
-    s). `0`: it runs until stopped. Stop it by hand with `webctx service stop` (its queued tasks
-    wait in Valkey for the next start); `webctx service status` shows it. A client with other
-    settings restarts it when idle (docs/configuration.md, "The local service")."""
+    s). `0`: it runs until stopped. Stop it by hand with `webctx service stop` (its running tasks
+    go back to their queues within seconds, its queued ones wait in Valkey for the next start);
+    `webctx service status` shows it and anything left running. A client with other settings
+    restarts it when idle (docs/configuration.md, "The local service")."""
     visibility_timeout_s: int = 1800
     """Redis broker: an unacked task (its worker was SIGKILLed) is redelivered after this many
     seconds, even while it still runs; also how long a job waits for it. Keep it above the task

@@ -4,7 +4,8 @@ local client that finds none (webctx/workers/service_client.py).
 It owns what admits one process or should be shared: the embedded Valkey (the job store,
 the caches, the index's records, and the Celery broker), the embedded vector store, and
 the worker pool, which is `webctx worker` itself (a thread pool consuming every queue from
-the Valkey socket) plus Celery beat's schedule (the index's re-index ticks) in a thread.
+the Valkey socket, whose stop hands long tasks back: webctx/workers/handback.py) plus
+Celery beat's schedule (the index's re-index ticks) in a thread.
 It exits after `WEBCTX_SERVICE_IDLE_S` with no task running, no message queued and no
 client request (clients touch its address file at every request).
 
@@ -12,21 +13,24 @@ Started twice for one data directory, the second finds the lock held and exits 0
 Valkey lives as long as it does, however it ends (webctx/workers/state_server.py). Killed
 (even by SIGKILL), it leaves its lock free, and the next client starts a new one, which
 starts Valkey again from its append-only file, reopens the vector store, and requeues the
-dead worker's unacked tasks after `WEBCTX_WORKER_LOST_AFTER_S` (webctx/workers/liveness.py).
+dead one's unacked tasks before it consumes.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from webctx.settings import Settings
 from webctx.workers.service_client import (
@@ -95,7 +99,10 @@ def _run_worker(settings: Settings, address: Path) -> int:
     from celery.bin.celery import celery as celery_cli
 
     from webctx.workers.app import app
+    from webctx.workers.handback import requeue_dead_services
 
+    requeue_dead_services(app)  # before it consumes: what a killed service held, at once
+    app.conf.worker_pool = SERVICE_POOL  # with no --pool, Celery takes the configured one
     hostname = f"service-{os.getpid()}@webctx"
     idle = IdleClock(address, idle_s=settings.service_idle_s)
     beat: list[Any] = []
@@ -121,7 +128,7 @@ def _run_worker(settings: Settings, address: Path) -> int:
     signals.worker_shutdown.connect(stopping, weak=False)
     signals.task_prerun.connect(idle.busy, weak=False)
     signals.task_postrun.connect(idle.busy, weak=False)
-    args = ["worker", "--pool", "threads", "--concurrency", str(settings.worker_concurrency),
+    args = ["worker", "--concurrency", str(settings.worker_concurrency),
             "--hostname", hostname, "--without-mingle", "--without-gossip",
             "--loglevel", settings.log_level]  # fmt: skip
     celery_cli.params[0].default = app
@@ -135,6 +142,30 @@ def _queued() -> int:
     from webctx.workers.celeryconfig import queue_lists
 
     return worker_deps().stores.queued(queue_lists())
+
+
+SERVICE_POOL = "webctx.workers.handback:ServicePool"
+"""A thread pool whose stop hands long tasks back instead of waiting for them."""
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave once the worker has stopped, without waiting for the threads of tasks handed
+    back (a download may go on for a minute; the interpreter's exit would join them):
+    close the collaborators (the vector store, the extraction processes), run the exit
+    handlers (Valkey's shutdown among them), flush the output."""
+    from webctx.workers.app import has_deps, worker_deps
+
+    if has_deps():
+        try:
+            worker_deps().close()
+        except Exception:  # a stop must not fail on what it closes
+            logger.warning("service: collaborators not closed", exc_info=True)
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 BEAT_STOP_S = 5.0

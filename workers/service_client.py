@@ -136,6 +136,10 @@ STOP_TIMEOUT_S = 15.0
 service.py); one still running after this long is killed."""
 
 
+CHILD_EXIT_S = 1.0
+"""The service's children see it gone and exit by themselves within this."""
+
+
 @dataclass(frozen=True)
 class Stopped:
     """What `stop_service` ended: the service's pid (None when none ran), whether it had
@@ -168,7 +172,9 @@ def stop_service(data_dir: Path, *, timeout_s: float = STOP_TIMEOUT_S) -> Stoppe
     left: list[Stray] = []
     if _probe(data_dir) == "free":  # else a waiting client has started a service again
         # Nor a process of one starting right now: only those older than this stop.
-        left = [p for p in strays.directory_processes(data_dir) if p.age_s > time.time() - began]
+        found = [p for p in strays.directory_processes(data_dir) if p.age_s > time.time() - began]
+        strays.wait_ended([p.pid for p in found], CHILD_EXIT_S)  # its children, on their way
+        left = [p for p in found if strays.alive(p.pid)]
         strays.end([p.pid for p in left])
     return Stopped(pid, killed, left, round(time.monotonic() - started, 2))
 

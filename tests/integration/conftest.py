@@ -32,11 +32,12 @@ from webctx.jobs.tenants import TenantStore
 PAGE_DELAY_S = 0.3
 
 
-def start_paced_web(delay_s: float = PAGE_DELAY_S) -> LoopbackWeb:
-    """The demo corpus, each page answered after `delay_s`, with search and embeddings."""
+def start_paced_web(delay_s: float = PAGE_DELAY_S, *, trickle: bool = False) -> LoopbackWeb:
+    """The demo corpus, each page answered after `delay_s` (`trickle`: its body sent a few
+    bytes at a time over `delay_s`), with search and embeddings."""
     corpus = load_corpus()
     hits: collections.Counter[str] = collections.Counter()
-    pages = {p.path: SitePage(body=p.html, delay_s=delay_s) for p in corpus}
+    pages = {p.path: _paced(p.html, delay_s, trickle=trickle) for p in corpus}
     site = LoopbackServer(make_site_app(pages, hits=hits)).start()
     docs = [
         SearchDoc(site.url + p.path, p.title, trafilatura.extract(p.html) or "", p.published)
@@ -46,6 +47,17 @@ def start_paced_web(delay_s: float = PAGE_DELAY_S) -> LoopbackWeb:
     embed = HashEmbedder(model=MODEL).vectors
     embeddings = LoopbackServer(make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None)).start()
     return LoopbackWeb(site=site, search=search, embeddings=embeddings, hits=hits)
+
+
+def _paced(html: str, seconds: float, *, trickle: bool) -> SitePage:
+    if not trickle:
+        return SitePage(body=html, delay_s=seconds)
+    size = -(-len(html.encode()) // TRICKLE_PIECES)
+    return SitePage(body=html, trickle_s=seconds / TRICKLE_PIECES, trickle_bytes=size)
+
+
+TRICKLE_PIECES = 40
+"""A trickled page comes in this many pieces, evenly apart (a read never waits long)."""
 
 
 def free_port() -> int:

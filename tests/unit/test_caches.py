@@ -80,6 +80,16 @@ def test_a_claim_expires_so_a_dead_downloader_does_not_block_the_url() -> None:
     assert cache.claim_download("https://example.org/a", hold_s=30)
 
 
+def test_every_claim_of_dead_downloaders_is_ended_at_once_and_nothing_else() -> None:
+    cache = PageCache(_client(), ttl_s=3600)
+    for url in ("https://example.org/a", "https://example.org/b"):
+        assert cache.claim_download(url, hold_s=300)
+    cache.remember("https://example.org/a", make_page(url="https://example.org/a"))
+    assert cache.release_all_downloads() == 2
+    assert cache.claim_download("https://example.org/a", hold_s=30)  # free at once
+    assert cache.entry("https://example.org/a") is not None  # the cache itself is kept
+
+
 def test_a_failed_download_is_remembered_until_the_page_is_fetched() -> None:
     cache = PageCache(_client(), ttl_s=3600)
     url = "https://example.org/gone"

@@ -37,6 +37,8 @@ class SitePage:
     delay_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     trickle_s: float | None = None
+    trickle_bytes: int = _TRICKLE_CHUNK
+    """Bytes of a trickled body sent at a time, `trickle_s` apart."""
     redirect_to: str | None = None
     stream_bytes: int | None = None
     content_length: bool = True
@@ -144,7 +146,7 @@ def _respond(page: SitePage, path: str, sent: collections.Counter[str]) -> Respo
             headers["Content-Length"] = str(page.stream_bytes)
         body = _generate(page.stream_bytes, path, sent)
     elif page.trickle_s is not None:
-        body = _trickle(page.body_bytes(), page.trickle_s, path, sent)
+        body = _trickle(page.body_bytes(), page.trickle_s, page.trickle_bytes, path, sent)
     else:
         sent[path] += len(page.body_bytes())
         return Response(page.body_bytes(), page.status, headers)
@@ -171,10 +173,10 @@ async def _generate(
 
 
 async def _trickle(
-    body: bytes, pause_s: float, path: str, sent: collections.Counter[str]
+    body: bytes, pause_s: float, size: int, path: str, sent: collections.Counter[str]
 ) -> AsyncIterator[bytes]:
-    for start in range(0, len(body), _TRICKLE_CHUNK):
-        chunk = body[start : start + _TRICKLE_CHUNK]
+    for start in range(0, len(body), size):
+        chunk = body[start : start + size]
         yield chunk
         sent[path] += len(chunk)
         await anyio.sleep(pause_s)

@@ -156,6 +156,14 @@ class PageCache:
         """End this caller's claim (after `remember` or `remember_failure`)."""
         self._redis.delete(self._flight_key(url))
 
+    def release_all_downloads(self) -> int:
+        """End every claim (their holders are known to be dead: a local service starting,
+        the only process that downloads for its data directory); how many there were. A
+        task handed back or killed mid-download leaves its claim, and its next delivery
+        would otherwise wait it out as another job's."""
+        keys = list(self._redis.scan_iter(match="webctx:urlflight:*", count=1000))
+        return int(self._redis.delete(*keys)) if keys else 0
+
     def wait_download(self, url: str, *, timeout_s: float, poll_s: float = 0.1) -> bool:
         """Wait until no one is downloading `url`; False if the claim outlived `timeout_s`."""
         key = self._flight_key(url)
