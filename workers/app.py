@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from celery import Celery, group, signals
@@ -161,6 +162,40 @@ def leave_store_queues(instance: Any, queues: set[str], why: str) -> None:
         _standby.update(hostname=instance.hostname, queues=dropped)
 
 
+def refuse_beside_the_service(queues: set[str]) -> None:
+    """Exit, in one line, when the vector store this broker worker cannot open is held by
+    the local service of its data directory: the service serves its own Valkey's jobs
+    only, so this worker's store and rank tasks would wait for it for good (a job whose
+    worker was killed and started again never ended)."""
+    from webctx.adapters.edge_store import store_holder
+    from webctx.workers.service_client import service_holder
+
+    settings = worker_deps().settings
+    if settings.embedded or settings.qdrant_url:
+        return
+    holder = store_holder(settings.qdrant_path)
+    if holder is None or not holder.isdigit():
+        return
+    pid = int(holder)
+    if pid != service_holder(settings.data_dir) and not _is_service(pid):
+        return  # another broker worker: wait to take the store over
+    logger.critical(
+        "cannot serve %s: the vector store %s is held by the local service (pid %s); stop it "
+        "(`webctx service stop`), or give this worker its own WEBCTX_DATA_DIR, or use a Qdrant "
+        "server (WEBCTX_QDRANT_URL)",
+        ", ".join(sorted(queues & STORE_QUEUES)), settings.qdrant_path, pid,
+    )  # fmt: skip
+    raise SystemExit(1)
+
+
+def _is_service(pid: int) -> bool:
+    """True when `pid` is a `webctx service run` (whatever its data directory)."""
+    try:
+        return b"service\x00run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 RENDER_QUEUE = "render"
 
 
@@ -224,6 +259,7 @@ def _prepare(instance: Any = None, **_: Any) -> None:
     queues = leave_render_queue(instance, set(instance.app.amqp.queues.consume_from))
     why = store_refusal(queues, instance.pool_cls)
     if why is not None:
+        refuse_beside_the_service(queues)
         leave_store_queues(instance, queues, why)
         queues -= STORE_QUEUES
     load_tokenizer(queues)

@@ -3,6 +3,9 @@ in one folder, on the embedded vector store, with no queue options."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +13,8 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import ROOT, clean_env, redis_url
+from tests.conftest import ROOT, clean_env, redis_url, run_cli
+from tests.integration.conftest import start_paced_web
 from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
 
@@ -117,3 +121,60 @@ def test_a_worker_left_without_the_store_takes_it_over_when_its_holder_stops(
     ((code, stdout, stderr, _),) = _research_at_once(env, QUESTIONS[:1])
     assert code == 0, stderr[-3000:]
     assert Bundle.model_validate_json(stdout).chunks
+
+
+def test_a_broker_worker_beside_the_local_service_refuses_in_one_line_and_the_job_ends(
+    redis_client: redis.Redis, data_dir: Path, start_worker
+) -> None:
+    # One data directory for both: a broker worker's embedded store is the local service's.
+    web = start_paced_web(1.5)  # within the test web's 2 s read timeout
+    try:
+        broker = clean_env(**web.env(), CELERY_BROKER_URL=redis_url(),
+                           WEBCTX_WORKER_LOST_AFTER_S="3")  # fmt: skip
+        local = clean_env(**web.env())
+        first = start_worker(broker)
+        submitted = run_cli(broker, "research", QUESTIONS[0], "--max-sources", "4", "--no-wait")
+        assert submitted.returncode == 0, submitted.stderr[-3000:]
+        job_id = submitted.stdout.strip()
+        deadline = time.monotonic() + 60
+        while not web.hits or redis_client.hget(f"webctx:job:{job_id}:meta", "status") is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(first.proc.pid, signal.SIGKILL)  # mid-fetch; its store lock goes with it
+        first.proc.wait(timeout=10)
+        started = run_cli(local, "service", "start")  # a local client: the service takes the store
+        assert started.returncode == 0, started.stderr[-3000:]
+        service = json.loads(started.stdout)["pid"]
+        _wait_log(data_dir / "service.log", "vector store opened")
+        try:
+            refused = subprocess.run(
+                [sys.executable, "-m", "webctx.cli", "worker"], env=broker, cwd=ROOT,
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the worker waited for the service's store") from None
+        assert refused.returncode != 0
+        lines = [x for x in (refused.stdout + refused.stderr).splitlines() if "cannot serve" in x]
+        assert len(lines) == 1, refused.stderr[-3000:]
+        assert f"local service (pid {service})" in lines[0] and "webctx service stop" in lines[0]
+        # The fix it names: the service stopped, a worker started again finishes the job.
+        assert run_cli(local, "service", "stop").returncode == 0
+        start_worker(broker)
+        deadline = time.monotonic() + 120
+        while redis_client.hget(f"webctx:job:{job_id}:meta", "status") not in SETTLED:
+            assert time.monotonic() < deadline, redis_client.hgetall(f"webctx:job:{job_id}:meta")
+            time.sleep(0.2)
+        meta = redis_client.hgetall(f"webctx:job:{job_id}:meta")
+        assert meta["status"] == "succeeded", meta
+    finally:
+        web.stop()
+
+
+SETTLED = ("succeeded", "failed", "cancelled")
+
+
+def _wait_log(log: Path, text: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and text in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"{text!r} not in {log}"
+        time.sleep(0.1)
