@@ -2,9 +2,10 @@
 is no proof either way: a dead server's pid may belong to another process by now).
 
 A process belongs to the data directory when it is a `valkey-server` (or `redis-server`)
-serving the directory's socket or running in its folder, or any process whose working
-folder is the data directory (the service and its children: extraction processes,
-multiprocessing's resource tracker). Without /proc (macOS) only a server that answers on
+serving the directory's socket or running in its folder, or a `webctx service run` or
+one of its Python children (extraction processes, multiprocessing's resource tracker)
+whose working folder is the data directory; a shell or a client that happens to run in
+that folder is none of them. Without /proc (macOS) only a server that answers on
 the socket is found (webctx/workers/state_server.py asks it for its pid).
 """
 
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVER_NAMES = (b"valkey-server", b"redis-server")
+CHILD_MARK = b"multiprocessing"
+"""In the command line of the service's Python children (`spawn_main`, the resource
+tracker)."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,12 @@ def directory_processes(data_dir: Path, *, socket: Path | None = None) -> list[S
         server = any(name in cmdline for name in SERVER_NAMES)
         if server and (cwd == server_dir or any(mark in cmdline for mark in marks)):
             kind = "valkey"
-        elif cwd == data_dir:
-            kind = "service" if b"service\x00run" in cmdline else "child"
+        elif cwd == data_dir and b"service\x00run" in cmdline:
+            kind = "service"
+        elif cwd == data_dir and CHILD_MARK in cmdline:
+            kind = "child"
         else:
-            continue
+            continue  # a shell or a client that happens to run in the folder: not ours
         age = uptime - int(stat[19]) / os.sysconf("SC_CLK_TCK")
         found.append(Stray(int(entry.name), kind, int(stat[1]), round(age, 2)))
     return sorted(found, key=lambda s: s.pid)

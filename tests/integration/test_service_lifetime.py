@@ -91,6 +91,8 @@ def test_status_names_a_valkey_left_without_its_service_and_stop_ends_it(
          "--appendonly", "yes", "--save", ""],
         cwd=directory, stdout=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
+    # A shell of the user's, say, that happens to run in the folder: not the service's.
+    bystander = subprocess.Popen(["sleep", "120"], cwd=data_dir)
     try:
         _wait_for(sock.exists, 10, "the stray's socket")
         env = clean_env(WEBCTX_EMBEDDING_PROVIDER="hash")
@@ -103,9 +105,11 @@ def test_status_names_a_valkey_left_without_its_service_and_stop_ends_it(
         assert f"ended valkey-server {stray.pid}" in stopped.stderr, stopped.stderr
         assert stray.wait(timeout=ENDED_WITHIN_S) is not None
         _assert_nothing_left(env, data_dir)
+        assert bystander.poll() is None  # left alone
     finally:
-        stray.kill()
-        stray.wait(timeout=10)
+        for proc in (stray, bystander):
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def test_a_service_started_over_a_stray_valkey_replaces_it_and_keeps_its_data(
