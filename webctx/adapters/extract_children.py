@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -124,9 +126,11 @@ def _kill(child: _Child) -> None:
 
 
 def _serve(conn: Connection, target: str) -> None:
-    """In the child: import the extraction, say so, then extract each page sent."""
+    """In the child: import the extraction, say so, then extract each page sent; exit as
+    soon as the parent is gone, even mid-import (a killed service leaves no child)."""
     import importlib
 
+    threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     module, _, name = target.partition(":")
     extract = getattr(importlib.import_module(module), name)
     conn.send("ready")
@@ -139,3 +143,12 @@ def _serve(conn: Connection, target: str) -> None:
             conn.send(("ok", extract(html, url)))
         except Exception as exc:  # noqa: BLE001 - the parent extracts it again and reports
             conn.send(("error", f"{type(exc).__name__}: {exc}"[:300]))
+
+
+def _exit_with_parent() -> None:
+    """Wait for the parent's end (its sentinel becomes readable), then exit at once."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    multiprocessing.connection.wait([parent.sentinel])
+    os._exit(0)
