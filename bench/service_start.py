@@ -1,7 +1,8 @@
 """The local service (no broker), side by side in one run: a client command when no service
 runs (cold: it starts one) against the same command with the service warm; a client's
 start to its first request at the service; and the same question asked again from a new
-process (pages downloaded, tokens embedded, job time), on the demo web.
+process (pages downloaded, tokens embedded, job time), with the embeddings API and with the
+local model (whose one-off jobs index their pages after the answer), on the demo web.
 
     python bench/service_start.py [--rounds 5] [--page-delay 0.2] [--write]
 """
@@ -101,6 +102,35 @@ def rerun(env: dict[str, str], hits: collections.Counter[str]) -> list[tuple[flo
     return runs
 
 
+def local_env(env: dict[str, str]) -> dict[str, str] | None:
+    """`env` with the local model instead of the embeddings API (a one-off job then takes
+    the lexical first pass and its pages are indexed after its answer), or None without
+    the webctx[local] extra."""
+    from webctx.adapters.local_embedder import local_available
+
+    if not local_available():
+        return None
+    local = {k: v for k, v in env.items()
+             if not k.startswith("OPENAI_") and k != "WEBCTX_EMBEDDING_MODEL"}  # fmt: skip
+    return dict(local, WEBCTX_EMBEDDING_PROVIDER="local")
+
+
+def rerun_rows(label: str, runs: list[tuple[float, int, Bundle]]) -> str:
+    """Table rows of a cold run and the warm one after it."""
+    return "".join(
+        f"| {name}{label} | {wall:.2f} | {b.stats.elapsed_s:.2f} | {downloads} | "
+        f"{b.stats.tokens_embedded} | {b.stats.embed_requests} |\n"
+        for name, (wall, downloads, b) in zip(("cold", "warm"), runs, strict=True)
+    )
+
+
+def ratio(runs: list[tuple[float, int, Bundle]]) -> str:
+    """The warm run's job time as a share of the cold one's, and its command's wall time."""
+    (cold_wall, _, cold), (warm_wall, _, warm) = runs
+    return (f"{warm.stats.elapsed_s / cold.stats.elapsed_s:.1%} (command wall time "
+            f"{warm_wall / cold_wall:.1%})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
@@ -117,6 +147,7 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("WEBCTX_", "CELERY_"))}
         env.update(web.env(), PYTHONPATH=str(ROOT))
         starts_dir, rerun_dir = Path(tmp, "starts"), Path(tmp, "rerun")
+        local_dir = Path(tmp, "rerun-local")
         try:
             env["WEBCTX_DATA_DIR"] = str(starts_dir)
             calls = cold_and_warm(env, starts_dir, args.rounds)
@@ -124,12 +155,17 @@ def main() -> None:
             _cli(env, "service", "stop")
             env["WEBCTX_DATA_DIR"] = str(rerun_dir)
             runs = rerun(env, hits)
+            local = local_env(dict(env, WEBCTX_DATA_DIR=str(local_dir)))
+            local_runs = rerun(local, hits) if local is not None else []
         finally:
-            for data_dir in (starts_dir, rerun_dir):
+            for data_dir in (starts_dir, rerun_dir, local_dir):
                 _cli(dict(env, WEBCTX_DATA_DIR=str(data_dir)), "service", "stop")
             web.stop()
     med = statistics.median
-    (cold_wall, cold_dl, cold), (warm_wall, warm_dl, warm) = runs
+    local_rows = rerun_rows(" (local model)", local_runs) if local_runs else ""
+    local_ratio = (f"; with the local model, the second asked at once while the first job's "
+                   f"pages are indexed after its answer: {ratio(local_runs)}"
+                   if local_runs else "")  # fmt: skip
     body = (
         f"`webctx sources list` from a new process, {args.rounds} rounds (medians; min-max): "
         "cold, no service running (the command starts it and returns once its Valkey "
@@ -147,14 +183,12 @@ def main() -> None:
         f"max {max(delays) * 1000:.0f}.\n\n"
         f"The same question (--max-sources 20 on the demo web, pages served with "
         f"{args.page_delay} s of latency) asked twice, each time from a new "
-        "`webctx research` process, through one service:\n\n"
+        "`webctx research` process, through one service (the first starts it), with the "
+        "embeddings API and, in a data directory of its own, with the local model:\n\n"
         "| run | command wall s | job elapsed s | pages downloaded | tokens embedded | "
         "embed requests |\n|---|---|---|---|---|---|\n"
-        f"| cold | {cold_wall:.2f} | {cold.stats.elapsed_s:.2f} | {cold_dl} | "
-        f"{cold.stats.tokens_embedded} | {cold.stats.embed_requests} |\n"
-        f"| warm | {warm_wall:.2f} | {warm.stats.elapsed_s:.2f} | {warm_dl} | "
-        f"{warm.stats.tokens_embedded} | {warm.stats.embed_requests} |\n\n"
-        f"warm/cold job time: {warm.stats.elapsed_s / cold.stats.elapsed_s:.1%}. Load average "
+        f"{rerun_rows('', runs)}{local_rows}\n"
+        f"warm/cold job time: {ratio(runs)}{local_ratio}. Load average "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end ({os.cpu_count()} "
         "cores, shared).\n"
     )

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from webctx.settings import Settings
+from webctx.workers.deferred import HOUSEKEEPING
 from webctx.workers.service_client import (
     ADDRESS_FILE,
     LOCK_FILE,
@@ -171,8 +172,6 @@ def exit_now(code: int) -> NoReturn:
 BEAT_STOP_S = 5.0
 """How long a stopping service waits for beat to save its schedule (its thread is a daemon)."""
 
-HOUSEKEEPING = frozenset({"webctx.index.tick"})
-"""Tasks the service runs on its own schedule: they do not keep it from going idle."""
 
 
 class IdleClock:

@@ -41,6 +41,7 @@ from webctx.env_names import setting_names
 from webctx.errors import SettingsMismatch, WebctxError
 from webctx.keys import FAMILIES
 from webctx.settings import Settings
+from webctx.workers.deferred import HOUSEKEEPING
 from webctx.workers.resp import Reply, RespConnection
 from webctx.workers.service_client import (
     NOT_COMPARED,
@@ -53,8 +54,6 @@ from webctx.workers.service_client import (
 logger = logging.getLogger("webctx.service")
 
 RESTART_LOCK_FILE = "service-settings.lock"
-HOUSEKEEPING = frozenset({"webctx.index.tick"})
-"""Tasks the service sends itself on a schedule: not a caller's work."""
 
 
 def compared_values(settings: Settings) -> dict[str, str]:

@@ -7,6 +7,7 @@ start the next stage through the engine's fan-in.
 from __future__ import annotations
 
 from webctx.jobs import pages, steps
+from webctx.workers import deferred
 from webctx.workers.app import app, broker_priority, worker_deps
 from webctx.workers.policy import StageTask
 
@@ -68,7 +69,13 @@ def rank(self: StageTask, job_id: str, force: bool = False) -> str:
 
 
 @app.task(name="webctx.index_later", bind=True, priority=broker_priority(9))
-def index_later(self: StageTask, job_id: str, url_id: str) -> str:
-    """Embed and store every chunk of an answered job's page, for the index (low priority)."""
-    pages.index_later(worker_deps().engine, job_id, url_id, retry=self.retry_transient)
-    return url_id
+def index_later(self: StageTask, job_id: str, url_id: str | None = None) -> str:
+    """Embed and store every chunk of an answered job's pages, for the index, in turn and
+    after this worker's interactive work (low priority); what is left after the turn's
+    budget, later. (`url_id`: one page, as messages sent by earlier versions name.)"""
+    with deferred.turn() as pause:
+        done = pages.index_later(worker_deps().engine, job_id, [url_id] if url_id else None,
+                                 retry=self.retry_transient, pause=pause)  # fmt: skip
+    if not done:
+        self.apply_async(args=(job_id,), countdown=deferred.RESEND_S)
+    return job_id

@@ -32,9 +32,12 @@ from webctx.jobs.tenants import TenantStore
 PAGE_DELAY_S = 0.3
 
 
-def start_paced_web(delay_s: float = PAGE_DELAY_S, *, trickle: bool = False) -> LoopbackWeb:
+def start_paced_web(
+    delay_s: float = PAGE_DELAY_S, *, trickle: bool = False, embed_latency_s: float = 0.0
+) -> LoopbackWeb:
     """The demo corpus, each page answered after `delay_s` (`trickle`: its body sent a few
-    bytes at a time over `delay_s`), with search and embeddings."""
+    bytes at a time over `delay_s`), with search and embeddings (each request answered
+    after `embed_latency_s`)."""
     corpus = load_corpus()
     hits: collections.Counter[str] = collections.Counter()
     pages = {p.path: _paced(p.html, delay_s, trickle=trickle) for p in corpus}
@@ -45,7 +48,8 @@ def start_paced_web(delay_s: float = PAGE_DELAY_S, *, trickle: bool = False) -> 
     ]
     search = LoopbackServer(make_searxng_app(docs)).start()
     embed = HashEmbedder(model=MODEL).vectors
-    embeddings = LoopbackServer(make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None)).start()
+    app = make_embeddings_app(embed, model=MODEL, rpm=None, tpm=None, latency_s=embed_latency_s)
+    embeddings = LoopbackServer(app).start()
     return LoopbackWeb(site=site, search=search, embeddings=embeddings, hits=hits)
 
 

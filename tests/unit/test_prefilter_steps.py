@@ -1,5 +1,5 @@
 """Which jobs take the lexical first pass, and the tasks such a job starts: rank straight
-after the fetches, then one index task per page."""
+after the fetches, then one index task for the job's pages, taken in turn."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import redis_url
 from tests.factories import make_page
 from webctx.adapters.hash_embedder import HashEmbedder
+from webctx.jobs import pages
 from webctx.jobs.steps import prefiltered
 from webctx.models import JobRequest, JobStatus
 from webctx.settings import PrefilterSettings, Settings
@@ -93,8 +94,8 @@ def test_a_first_pass_job_ranks_after_its_fetches_then_indexes_each_page(
         bundle = deps.jobs.bundle(job_id)
         assert bundle is not None and "1850" in bundle.chunks[0].text
         assert deps.engine.store.count() == 0  # answered from the first pass alone
-        assert started[-1] == ("index_later", [(job_id, url_id)])
-        tasks.index_later.run(job_id, url_id)
+        assert started[-1] == ("index_later", [(job_id,)])
+        tasks.index_later.run(job_id)
         chunks = len(chunk_page(page, max_tokens=64, overlap_tokens=0))
         assert bundle.stats.chunks == chunks > 4
         assert deps.engine.store.count() == chunks
@@ -117,7 +118,42 @@ def test_the_embedded_default_indexes_the_pages_after_the_answer_too(tmp_path: P
         deps.jobs.save_page(job_id, url_id, make_page(text=_TEXT))
         tasks.rank.run(job_id)
         assert deps.jobs.status(job_id) is JobStatus.SUCCEEDED
-        assert started[-1] == ("index_later", [(job_id, url_id)])
+        assert started[-1] == ("index_later", [(job_id,)])
     finally:
         set_deps(None)
         deps.close()
+
+
+def test_deferred_indexing_stops_between_pages_when_told_and_a_later_run_does_the_rest(
+    tmp_path: Path, redis_client: object
+) -> None:
+    deps = _deps(tmp_path, [], when="always", chunks=4, per_page=0, neighbours=0)
+    try:
+        job_id = deps.jobs.create(JobRequest(question="when did the glacier retreat?"))
+        urls = [f"https://example.org/{n}" for n in range(3)]
+        url_ids = list(deps.jobs.set_urls(job_id, urls))
+        for url_id, url in zip(url_ids, urls, strict=True):
+            deps.jobs.save_page(job_id, url_id, make_page(url=url, text=_TEXT + url))
+        asked: list[int] = []
+
+        def pause() -> bool:  # the first page may go; then interactive work arrives
+            asked.append(len(asked))
+            return len(asked) == 1
+
+        engine = deps.engine
+        assert not pages.index_later(engine, job_id, retry=_no_retry, pause=pause)
+        assert len(asked) == 2  # asked before each page it would index
+        def indexed() -> int:
+            shas = [make_page(url=url, text=_TEXT + url).content_sha256 for url in urls]
+            return sum(engine.stored.chunks(sha) is not None for sha in shas)
+
+        assert indexed() == 1
+        assert pages.index_later(engine, job_id, retry=_no_retry, pause=lambda: True)
+        assert indexed() == 3
+    finally:
+        set_deps(None)
+        deps.close()
+
+
+def _no_retry(exc: Exception) -> None:
+    raise exc

@@ -4,7 +4,7 @@
          ─► store × pages ─► (last page settled) rank ─► bundle
     a one-off job (the lexical first pass): fetch × URLs ─► embed ahead × pages but the
          last (likely chunks, into the embedding cache) ─► (last page settled) rank
-         ─► bundle ─► index_later × pages (low priority)
+         ─► bundle ─► index_later (its pages in turn, low priority, after interactive work)
     a script-filled page: fetch ─► render ─► embed (its fetch completes when render ends)
       └──► embed_question (the question's vector into the embedding cache, ahead of rank)
 
@@ -92,11 +92,11 @@ class FanIn:
         """Write one embedded page's staged chunks to the vector store."""
         self.start("store", [(job_id, url_id)])
 
-    def index_later(self, job_id: str, url_ids: Sequence[str]) -> None:
+    def index_later(self, job_id: str) -> None:
         """Index the answered job's pages (every chunk, for the index): the lexical first
-        pass embedded only the chunks the ranker could reach."""
-        if url_ids:
-            self.start("index_later", [(job_id, url_id) for url_id in url_ids])
+        pass embedded only the chunks the ranker could reach. One task for them all, a
+        page at a time, so that it can make way for interactive work between pages."""
+        self.start("index_later", [(job_id,)])
 
     def settled(self, job_id: str, url_id: str) -> None:
         """One page is settled (stored, nothing to store, or failed); the last one starts

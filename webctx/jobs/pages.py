@@ -9,7 +9,7 @@ settled, and the last settled page starts rank (`webctx.jobs.fanin`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import redis
@@ -122,13 +122,31 @@ def store_one(engine: Engine, job_id: str, url_id: str, *, retry: Retry) -> None
     engine.fanin.settled(job_id, url_id)
 
 
-def index_later(engine: Engine, job_id: str, url_id: str, *, retry: Retry) -> None:
-    """Chunk, embed and store every chunk of an answered one-off job's page, for the
-    index (its chunks that the first pass embedded come from the embedding cache). Runs
-    where the vector store is open, at low priority; a failure is logged, the job is done."""
-    page = engine.jobs.page_for(job_id, url_id)
-    if page is None or engine.stored.chunks(page.content_sha256) is not None:
-        return
+def index_later(
+    engine: Engine,
+    job_id: str,
+    url_ids: Sequence[str] | None = None,
+    *,
+    retry: Retry,
+    pause: Callable[[], bool] = lambda: True,
+) -> bool:
+    """Chunk, embed and store every chunk of an answered one-off job's pages (`url_ids`,
+    or all it got), for the index, one page at a time (its chunks that the first pass
+    embedded come from the embedding cache). Before each page `pause()` waits while more
+    urgent work runs, and False stops here: False is returned, the pages left undone (a
+    later call skips those indexed). Runs where the vector store is open, at low
+    priority; a failure is logged, the job is done."""
+    for url_id in url_ids if url_ids is not None else engine.jobs.urls(job_id):
+        page = engine.jobs.page_for(job_id, url_id)
+        if page is None or engine.stored.chunks(page.content_sha256) is not None:
+            continue
+        if not pause():
+            return False
+        _index_page(engine, job_id, page, retry)
+    return True
+
+
+def _index_page(engine: Engine, job_id: str, page: Page, retry: Retry) -> None:
     try:
         embedded = _embed(engine, page)
         written = store_page(embedded, store=engine.store, url=page.final_url,

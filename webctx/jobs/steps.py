@@ -183,8 +183,7 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
         # the store queue. The embedded default runs them too, in the local service,
         # which outlives the command that asked (the command has its answer already).
         if lexical_first:
-            fetched = [u for u in jobs.urls(job_id) if jobs.page_for(job_id, u) is not None]
-            engine.fanin.index_later(job_id, fetched)
+            engine.fanin.index_later(job_id)
 
 
 def prefiltered(engine: Engine, job_id: str) -> bool:
