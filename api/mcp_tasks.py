@@ -121,7 +121,6 @@ def _dump(result: CallToolResult) -> dict[str, Any]:
 
 def job_task(runtime: Runtime, record: TaskRecord) -> dict[str, Any]:
     """The `tasks/get` view of a job's task: working with its progress, or its end."""
-    runtime.keep_service()  # a stopped (idle, killed) local service starts again
     try:
         progress = runtime.jobs.progress(record.target)
     except JobNotFound:
@@ -195,6 +194,9 @@ class TasksExtension(Extension):
                            f"declare the {TASKS} extension in the request's client capabilities"
                            " (protocol 2026-07-28) to use tasks", data=_NEEDS_TASKS)  # fmt: skip
         runtime = self.get_runtime()
+        # Before any read: a stopped (idle, killed) local service starts again, its state
+        # store with it; a read first would meet the killed one's dead socket.
+        runtime.keep_service()
         caller = caller_for(runtime, getattr(ctx.request, "headers", None))
         record = runtime.stores.tasks.get(task_id)
         if record is None or record.tenant != caller.tenant:

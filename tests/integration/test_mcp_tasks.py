@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from tests.conftest import ROOT, clean_env, service_pid
 from tests.integration.conftest import start_paced_web
 from tests.rawmcp import WITH_TASKS, RawStdio, poll
 from tests.testweb import LoopbackWeb
 from webctx.models import Bundle
+from webctx.workers.state_server import socket_path
 
 QUESTION = "how do lithium-ion batteries degrade?"
 ARGS = {"question": QUESTION, "max_sources": 6, "top_k": 8, "token_budget": 800}
@@ -166,7 +168,9 @@ def test_a_task_survives_a_sigkill_of_the_local_service_and_a_new_mcp_server(
         poll(first, task_id, timeout_s=120, stop=_fetched_some)
         service = service_pid(data_dir)
         assert service is not None
-        os.kill(service, signal.SIGKILL)  # mid-job: its lock, address file and Valkey stay
+        os.kill(service, signal.SIGKILL)  # mid-job: its lock and address file stay
+        # Its Valkey follows it: the next read meets no state store, whatever the load.
+        _wait_gone(socket_path((data_dir / "valkey").resolve()))
         during = first.request("tasks/get", {"taskId": task_id})  # starts another service
     finally:
         first.kill()  # the host restarted too: a new MCP server process asks next
@@ -180,6 +184,22 @@ def test_a_task_survives_a_sigkill_of_the_local_service_and_a_new_mcp_server(
     assert Bundle.model_validate(seen[-1]["result"]["structuredContent"]).chunks
     restarted = service_pid(data_dir)
     assert restarted is not None and restarted != service
+
+
+def _wait_gone(socket: Path, timeout_s: float = 10) -> None:
+    """Until nothing answers on the state store's socket."""
+    client = redis.Redis(unix_socket_path=str(socket), socket_timeout=1)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                client.ping()
+            except redis.ConnectionError:
+                return
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise AssertionError(f"the killed service's state store still answers on {socket}")
 
 
 BATCH = {"questions": [QUESTION, "what is lithium plating when fast charging?"],
