@@ -38,6 +38,7 @@ from webctx.errors import (
     ProviderError,
     QuotaExceeded,
     RateLimited,
+    TooManyJobs,
     TooManyRequests,
     TransientError,
     Unauthorized,
@@ -54,6 +55,7 @@ logger = logging.getLogger(__name__)
 # The one mapping of the error tree to HTTP: (status, code). First match wins.
 _STATUS: list[tuple[type[WebctxError], int, str]] = [
     (Unauthorized, 401, "unauthorized"),
+    (TooManyJobs, 429, "too_many_jobs"),
     (TooManyRequests, 429, "rate_limited"),
     (QuotaExceeded, 403, "quota_exceeded"),
     (JobNotFound, 404, "not_found"),

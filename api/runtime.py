@@ -26,9 +26,11 @@ from webctx.errors import (
     InvalidRequest,
     JobNotFound,
     QuotaExceeded,
+    TooManyJobs,
     TooManyRequests,
     Unauthorized,
 )
+from webctx.jobs.admission import Caps, Slot
 from webctx.jobs.store import JobProgress, JobStore
 from webctx.jobs.tenants import TenantStore
 from webctx.models import JobRequest, JobStatus
@@ -195,20 +197,34 @@ def _submit(
             _check_same_request(runtime, claimed, request)
             return claimed, False
     try:
-        submit_job(
-            runtime.jobs,
-            request,
-            timeout_s=runtime.settings.job_timeout_s,
-            job_id=job_id,
-            tenant=caller.tenant,
-            max_stored_bytes=limit,
-        )
-    except QuotaExceeded:  # another submission took the last bytes since the check
+        slot = runtime.jobs.admission.admit(caller.tenant, job_id, admission_caps(runtime.settings))
+        try:
+            submit_job(
+                runtime.jobs,
+                request,
+                timeout_s=runtime.settings.job_timeout_s,
+                job_id=job_id,
+                tenant=caller.tenant,
+                max_stored_bytes=limit,
+                priority=None if slot is Slot.FRONT else runtime.settings.admission.queued_priority,
+            )
+        except Exception:  # not started (the quota, the broker): nothing holds its slot
+            runtime.jobs.admission.release(caller.tenant, job_id)
+            raise
+    except (TooManyJobs, QuotaExceeded):  # QuotaExceeded: another took the last bytes
         if idempotency_key is not None:
             runtime.jobs.release_idempotency_key(caller.tenant, idempotency_key, job_id)
         raise
     logger.info("job submitted", extra={"job_id": job_id, "tenant": caller.tenant})
     return job_id, True
+
+
+def admission_caps(settings: Settings) -> Caps:
+    """A tenant's admission caps under `settings` (WEBCTX_ADMISSION__*)."""
+    cfg = settings.admission
+    lapse_s = settings.job_timeout_s + cfg.hold_s
+    return Caps(running=cfg.running, queued=cfg.queued, retry_after_s=cfg.retry_after_s,
+                lapse_s=lapse_s)  # fmt: skip
 
 
 def _check_same_request(runtime: Runtime, job_id: str, request: JobRequest) -> None:

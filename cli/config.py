@@ -49,6 +49,7 @@ GROUP_TITLES = {
     "prefilter": "The lexical first pass of one-off jobs",
     "index": "Index (docs/index.md)",
     "batch": "Batches (docs/batch.md)",
+    "admission": "Admission of jobs per tenant (docs/api.md)",
 }
 MACHINE_DEFAULTS = {
     "data_dir": "the user data directory (`~/.local/share/webctx` on Linux)",

@@ -10,6 +10,7 @@ WebctxError
 |   +-- BatchNotFound(batch_id)
 +-- Unauthorized                 # no API key, or an unknown or revoked one: 401
 +-- TooManyRequests(retry_after_s)  # the key spent its request budget: 429
+|   +-- TooManyJobs(unfinished)  # the tenant's unfinished jobs fill its admission caps
 +-- QuotaExceeded(stored_bytes, limit_bytes)  # the tenant's jobs hold its byte quota: 403
 +-- Conflict                     # not in a state that allows this: 409
 |   +-- BatchConflict            # the batch name holds a different file
@@ -105,6 +106,15 @@ class TooManyRequests(WebctxError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class TooManyJobs(TooManyRequests):
+    """The tenant's unfinished jobs fill its admission caps (webctx.jobs.admission): a 429,
+    since one of them finishing frees a slot within seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: int, unfinished: int) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.unfinished = unfinished
 
 
 class QuotaExceeded(WebctxError):

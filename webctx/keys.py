@@ -75,6 +75,12 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "job ids by prefix)"),
     KeyFamily("webctx:tenant:{tenant}:stored-bytes", "webctx.jobs.quota", "ttl", "tenant",
               "bytes each of those jobs holds (request and bundle), and their sum"),
+    KeyFamily("webctx:tenant:{tenant}:front", "webctx.jobs.admission", "ttl", "tenant",
+              "the tenant's unfinished jobs at the front of the queues, by when their "
+              "slots lapse (WEBCTX_ADMISSION__RUNNING)"),
+    KeyFamily("webctx:tenant:{tenant}:behind", "webctx.jobs.admission", "ttl", "tenant",
+              "the tenant's unfinished jobs queued behind the front ones, by when their "
+              "slots lapse (WEBCTX_ADMISSION__QUEUED)"),
     KeyFamily("webctx:tenant:{tenant}:batches", _BATCHES, "ttl", "tenant",
               "the tenant's batch ids by when their records expire (ids by prefix)"),
     KeyFamily("webctx:idem:{tenant}:{digest}", _JOBS, "ttl", "tenant",

@@ -13,6 +13,7 @@ import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from webctx.admission_settings import AdmissionSettings
 from webctx.breaker_settings import BreakerSettings
 from webctx.env_names import ConfigFileSource, RenamedEnvSource
 from webctx.protocols import VectorDatatype
@@ -448,6 +449,7 @@ class Settings(BaseSettings):
     index: IndexSettings = IndexSettings()
     batch: BatchSettings = BatchSettings()
     breaker: BreakerSettings = BreakerSettings()
+    admission: AdmissionSettings = AdmissionSettings()
 
     @field_validator("allowed_networks", mode="before")
     @classmethod

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol, cast
 import redis
 
 from webctx.errors import JobNotFound
+from webctx.jobs.admission import Admission
 from webctx.jobs.quota import StoredBytes
 from webctx.jobs.tenant_pages import TenantPages
 from webctx.models import Bundle, Failure, JobRequest, JobStatus, Page, Retrieval, SearchResult
@@ -79,6 +80,7 @@ class JobStore:
         self.ttl_s = ttl_s
         self.observers = tuple(observers)
         self.stored = StoredBytes(client, ttl_s=ttl_s)
+        self.admission = Admission(client)
         self.tenant_pages = TenantPages(client, ttl_s=ttl_s)
 
     def _emit(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
@@ -202,7 +204,7 @@ class JobStore:
         """Move the job to `status` (`reason`: why it failed as a whole, e.g. provider_down);
         a finished job never moves again."""
         meta = self._k(job_id, "meta")
-        current = self._redis.hget(meta, "status")
+        current, tenant = self._redis.hmget(meta, ["status", "tenant"])
         if current in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             return
         mapping: dict[Any, Any] = {"status": status.value}
@@ -220,6 +222,8 @@ class JobStore:
             pipe.rpush(signal, status.value)
             self._expire(pipe, signal)
         pipe.execute()
+        if finished and tenant is not None:  # its admission slot is free for the next job
+            self.admission.release(cast(str, tenant), job_id)
         if current != status.value:
             self._emit("status", job_id, {"status": status.value})
 
