@@ -1,0 +1,107 @@
+"""Per-tenant admission over real HTTP: a `webctx api` process, Redis, one `webctx
+worker` thread started once the jobs are queued, the loopback web. Tenant alpha's burst
+is partly refused (429 with Retry-After, the same words over MCP and `webctx research`),
+and tenant beta's one job, queued after alpha's, finishes ahead of alpha's queued jobs."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anyio
+import httpx
+import httpx2
+import redis
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.conftest import clean_env, redis_url, run_cli
+from tests.integration.conftest import ApiProcess
+from tests.testweb import LoopbackWeb
+from webctx.jobs.store import JobStore
+from webctx.jobs.tenants import TenantStore
+
+RUNNING, QUEUED = 1, 4
+SMALL = {"max_sources": 2, "top_k": 4, "token_budget": 600}
+TOPICS = ["SEI layer growth", "lithium plating cold charging", "calendar vs cycle ageing",
+          "particle cracking layered oxide cathodes", "electrolyte decomposition gassing",
+          "LFP versus NMC ageing", "fast charging and heat"]  # fmt: skip
+
+
+def _post_all(url: str, key: str, questions: list[str]) -> list[httpx.Response]:
+    headers = {"Authorization": f"Bearer {key}"}
+
+    def post(question: str) -> httpx.Response:
+        return httpx.post(f"{url}/v1/jobs", json={"question": question, **SMALL},
+                          headers=headers, timeout=30)  # fmt: skip
+
+    with ThreadPoolExecutor(len(questions)) as pool:  # all at once, as a burst does
+        return list(pool.map(post, questions))
+
+
+async def _mcp_refusal(url: str, key: str) -> str:
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    async with Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client:
+        result = await client.call_tool("web_context", {"question": "one more", "wait_s": 0})
+    assert result.is_error, result.content
+    return str(result.content[0].text)  # type: ignore[union-attr]
+
+
+def test_a_tenants_burst_is_capped_and_another_tenants_job_goes_ahead_of_its_queue(
+    test_web: LoopbackWeb, tmp_path: Path, redis_client: redis.Redis, start_worker
+) -> None:
+    env = clean_env(**test_web.env(), CELERY_BROKER_URL=redis_url(),
+                    WEBCTX_QDRANT_PATH=str(tmp_path / "q"),
+                    WEBCTX_ADMISSION__RUNNING=str(RUNNING), WEBCTX_ADMISSION__QUEUED=str(QUEUED),
+                    WEBCTX_ADMISSION__RETRY_AFTER_S="3")  # fmt: skip
+    store = TenantStore(redis_client)
+    keys = {t: store.create_key(t, rate_limit=100_000)[0] for t in ("alpha", "beta")}
+    api = ApiProcess(env, tmp_path / "api.log")
+    try:
+        api.wait_ready(timeout_s=90)
+        burst = _post_all(api.url, keys["alpha"], TOPICS)  # no worker yet: none finishes
+        assert sorted(r.status_code for r in burst) == [202] * (RUNNING + QUEUED) + [429] * 2
+        refused = [r for r in burst if r.status_code == 429]
+        for resp in refused:
+            assert resp.headers["Retry-After"] == "3"
+            body = resp.json()
+            assert body["error"] == "too_many_jobs"
+            assert body["message"] == (
+                "tenant 'alpha' has 5 unfinished jobs, its cap (WEBCTX_ADMISSION__RUNNING=1 "
+                "plus WEBCTX_ADMISSION__QUEUED=4): retry in 3 s, once one of them has finished"
+            )
+        said = anyio.run(_mcp_refusal, api.url, keys["alpha"])
+        assert said.endswith(": " + refused[0].json()["message"])  # the SDK prefixes the tool
+        cli = run_cli({**env, "WEBCTX_LOCAL_TENANT": "alpha"}, "research", "one more",
+                      "--no-wait")  # fmt: skip
+        assert cli.returncode == 1 and refused[0].json()["message"] in cli.stderr, cli.stderr
+
+        other = _post_all(api.url, keys["beta"], ["second-life EV packs in stationary storage"])
+        assert other[0].status_code == 202, other[0].text
+        beta_job = other[0].json()["job_id"]
+        alpha_jobs = [r.json()["job_id"] for r in burst if r.status_code == 202]
+
+        start_worker(env, "-c", "1")  # one thread: the queues' order decides who goes first
+        jobs = JobStore(redis_client)
+        finished: dict[str, float] = {}
+        deadline = time.monotonic() + 240
+        while len(finished) < len(alpha_jobs) + 1 and time.monotonic() < deadline:
+            for job_id in [beta_job, *alpha_jobs]:
+                at = jobs.finished_at(job_id)
+                if at is not None:
+                    finished[job_id] = at
+            time.sleep(0.5)
+        assert len(finished) == len(alpha_jobs) + 1, finished
+        statuses = {j: jobs.status(j).value for j in finished}
+        assert set(statuses.values()) == {"succeeded"}, statuses
+        # alpha's first job went in front beside beta's; its four queued ones wait behind
+        # both, so at least three of them end after beta's job (one thread, in order).
+        after = sum(1 for j in alpha_jobs if finished[j] > finished[beta_job])
+        assert after >= QUEUED - 1, finished
+        # Every finished job freed its slot: alpha may submit its full caps again.
+        assert jobs.admission.counts("alpha") == (0, 0)
+        again = _post_all(api.url, keys["alpha"], TOPICS[:1])
+        assert again[0].status_code == 202, again[0].text
+    finally:
+        api.stop()
