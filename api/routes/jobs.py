@@ -42,6 +42,13 @@ class ErrorOut(BaseModel):
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (401, 403, 404, 409, 413, 422, 429)
 }
+ERRORS[429]["description"] = (
+    "rate_limited (the key's requests per minute) or too_many_jobs (the tenant's unfinished "
+    "jobs fill WEBCTX_ADMISSION__RUNNING plus WEBCTX_ADMISSION__QUEUED)"
+)
+ERRORS[429]["headers"] = {
+    "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}
+}
 # The events route streams text/event-stream, but its errors are JSON like the others'.
 JSON_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {
