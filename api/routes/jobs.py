@@ -46,9 +46,8 @@ ERRORS[429]["description"] = (
     "rate_limited (the key's requests per minute) or too_many_jobs (the tenant's unfinished "
     "jobs fill WEBCTX_ADMISSION__RUNNING plus WEBCTX_ADMISSION__QUEUED)"
 )
-ERRORS[429]["headers"] = {
-    "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}
-}
+RETRY_AFTER = {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}
+ERRORS[429]["headers"] = {"Retry-After": RETRY_AFTER}
 # The events route streams text/event-stream, but its errors are JSON like the others'.
 JSON_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {

@@ -140,3 +140,22 @@ def test_a_slot_whose_job_never_ends_lapses_after_the_deadline_and_grace(
     assert gate.admit("alpha", "late", CAPS) is Slot.FRONT
     ttl = redis_client.ttl("webctx:tenant:alpha:front")
     assert 0 < int(ttl) <= CAPS.lapse_s + 1  # type: ignore[arg-type]
+
+
+def test_a_refused_submission_leaves_no_job_and_frees_its_idempotency_key(
+    redis_client: redis.Redis,
+) -> None:
+    from webctx.admission_settings import AdmissionSettings
+    from webctx.api.runtime import Caller, admission_caps, open_runtime, submit
+    from webctx.settings import Settings
+
+    url = redis_client.connection_pool.connection_kwargs
+    broker = f"redis://{url['host']}:{url['port']}/{url['db']}"
+    settings = Settings(broker_url=broker, admission=AdmissionSettings(running=1, queued=0))
+    with open_runtime(settings) as runtime:
+        runtime.jobs.admission.admit("alpha", "older", admission_caps(settings))
+        with pytest.raises(TooManyJobs, match="WEBCTX_ADMISSION__RUNNING=1"):
+            submit(runtime, Caller("alpha"), REQUEST, idempotency_key="k1")
+    assert not list(redis_client.scan_iter("webctx:job:*"))
+    assert not list(redis_client.scan_iter("webctx:idem:*"))
+    assert Admission(redis_client).counts("alpha") == (1, 0)
