@@ -1,7 +1,8 @@
 """Per-tenant admission over real HTTP: a `webctx api` process, Redis, one `webctx
-worker` thread started once the jobs are queued, the loopback web. Tenant alpha's burst
-is partly refused (429 with Retry-After, the same words over MCP and `webctx research`),
-and tenant beta's one job, queued after alpha's, finishes ahead of alpha's queued jobs."""
+worker` thread started once the jobs are queued, the loopback web. Tenant gamma's batch
+is queued, then tenant alpha's burst, partly refused (429 with Retry-After, the same words
+over MCP and `webctx research`), then tenant beta's one job, which finishes ahead of
+alpha's queued jobs and of the batch's items."""
 
 from __future__ import annotations
 
@@ -56,10 +57,15 @@ def test_a_tenants_burst_is_capped_and_another_tenants_job_goes_ahead_of_its_que
                     WEBCTX_ADMISSION__RUNNING=str(RUNNING), WEBCTX_ADMISSION__QUEUED=str(QUEUED),
                     WEBCTX_ADMISSION__RETRY_AFTER_S="3")  # fmt: skip
     store = TenantStore(redis_client)
-    keys = {t: store.create_key(t, rate_limit=100_000)[0] for t in ("alpha", "beta")}
+    keys = {t: store.create_key(t, rate_limit=100_000)[0] for t in ("alpha", "beta", "gamma")}
     api = ApiProcess(env, tmp_path / "api.log")
     try:
         api.wait_ready(timeout_s=90)
+        items = [{"id": f"g-{i}", "question": q, **SMALL} for i, q in enumerate(TOPICS[:3])]
+        batch = httpx.post(f"{api.url}/v1/batches", params={"name": "running"}, json=items,
+                           headers={"Authorization": f"Bearer {keys['gamma']}"})  # fmt: skip
+        assert batch.status_code == 202, batch.text
+        batch_jobs = [f"{batch.json()['id']}-{i}" for i in range(len(items))]
         burst = _post_all(api.url, keys["alpha"], TOPICS)  # no worker yet: none finishes
         assert sorted(r.status_code for r in burst) == [202] * (RUNNING + QUEUED) + [429] * 2
         refused = [r for r in burst if r.status_code == 429]
@@ -86,19 +92,25 @@ def test_a_tenants_burst_is_capped_and_another_tenants_job_goes_ahead_of_its_que
         jobs = JobStore(redis_client)
         finished: dict[str, float] = {}
         deadline = time.monotonic() + 240
-        while len(finished) < len(alpha_jobs) + 1 and time.monotonic() < deadline:
-            for job_id in [beta_job, *alpha_jobs]:
+        everyone = [beta_job, *alpha_jobs, *batch_jobs]
+        while len(finished) < len(everyone) and time.monotonic() < deadline:
+            for job_id in everyone:
                 at = jobs.finished_at(job_id)
                 if at is not None:
                     finished[job_id] = at
             time.sleep(0.5)
-        assert len(finished) == len(alpha_jobs) + 1, finished
+        assert len(finished) == len(everyone), finished
         statuses = {j: jobs.status(j).value for j in finished}
         assert set(statuses.values()) == {"succeeded"}, statuses
         # alpha's first job went in front beside beta's; its four queued ones wait behind
         # both, so at least three of them end after beta's job (one thread, in order).
         after = sum(1 for j in alpha_jobs if finished[j] > finished[beta_job])
         assert after >= QUEUED - 1, finished
+        # A batch running keeps its place: its items (queued before every job here) end
+        # after beta's job and after most of alpha's, whose queued tier is still ahead of it.
+        assert all(finished[j] > finished[beta_job] for j in batch_jobs), finished
+        last_alpha = sorted(finished[j] for j in alpha_jobs)[-2]
+        assert sum(1 for j in batch_jobs if finished[j] > last_alpha) >= 2, finished
         # Every finished job freed its slot: alpha may submit its full caps again.
         assert jobs.admission.counts("alpha") == (0, 0)
         again = _post_all(api.url, keys["alpha"], TOPICS[:1])
