@@ -33,12 +33,26 @@ os.environ["WEBCTX_CONFIG_FILE"] = os.path.join(_SCRATCH, "no-config.toml")
 import pytest  # noqa: E402
 import redis  # noqa: E402
 
+from tests import netguard  # noqa: E402
 from tests.scheduling import pytest_collection_modifyitems  # noqa: E402, F401
 from tests.testweb import LoopbackWeb, start_test_web  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_HOST = os.environ.get("WEBCTX_TEST_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("WEBCTX_TEST_REDIS_PORT", "6379"))
+netguard.install()
+
+
+@pytest.fixture(autouse=True)
+def no_packet_off_machine() -> Iterator[None]:
+    """Fail any test that tried to connect beyond loopback (tests/netguard.py)."""
+    netguard.take_attempts()
+    yield
+    tried = netguard.take_attempts()
+    if tried:
+        pytest.fail(f"the test tried to connect beyond loopback: {', '.join(tried)}")
+
+
 MAX_XDIST_WORKERS = 10
 """Databases 1-10 serve pytest-xdist workers gw0-gw9; 11 a run without xdist; 13-15 the
 benchmarks (bench/)."""

@@ -16,9 +16,10 @@ from webctx.knobs import KNOBS, help_text
 
 BUNDLE_SCHEMA_VERSION = 1
 
-Retrieved = Literal["live", "revalidated", "cached", "index"]
+Retrieved = Literal["live", "revalidated", "cached", "index", "provider"]
 """Where a source's text came from: a download for this job, a stored copy the server
-confirmed unchanged (304), the shared page cache, or the persistent index."""
+confirmed unchanged (304), the shared page cache, the persistent index, or the search
+provider's copy of the page (its download failed: timeout, 5xx, blocked)."""
 
 
 def utcnow() -> datetime:
@@ -173,6 +174,9 @@ class SearchResult(BaseModel):
     rank: int = Field(ge=0, description="0-based position in the provider's answer")
     query: str = ""
     provider: str = ""
+    content: str | None = None
+    """The page's text as the provider returned it (Tavily, Exa), if it did: it stands in for
+    the page when its download fails for a transport reason."""
 
 
 class Download(BaseModel):
@@ -295,8 +299,8 @@ class BundleSource(BaseModel):
     language: str | None = None
     """BCP 47 tag the page declares (`en-GB`), else the detected ISO 639-1 code, else None."""
     retrieved: Retrieved | None = None
-    """live, revalidated (304), cached (the shared page cache) or index; None in bundles
-    made before it was recorded."""
+    """live, revalidated (304), cached (the shared page cache), index, or provider (the search
+    provider's text: the download failed); None in bundles made before it was recorded."""
     checked_at: datetime | None = None
     """When the text was last confirmed current (downloaded or revalidated)."""
     stale: bool = False
@@ -347,6 +351,12 @@ class BundleStats(BaseModel):
     bundle_tokens: int = 0
     flagged_chunks: int = 0
     """Chunks of the bundle flagged `instructions` (page text that addresses the model)."""
+    query_providers: list[str] = Field(default_factory=list)
+    """The search provider that answered each query, in `queries` order ("" when none did)."""
+    search_requests: dict[str, int] = Field(default_factory=dict)
+    """Search requests sent to each provider (answered or failed; one a breaker skipped is none)."""
+    from_provider: int = 0
+    """Sources whose text is the search provider's copy (`retrieved: "provider"`)."""
     elapsed_s: float = 0.0
     stage_s: dict[str, float] = Field(default_factory=dict)
 

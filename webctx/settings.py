@@ -18,6 +18,7 @@ from webctx.fetch_settings import FetchSettings as FetchSettings
 from webctx.fetch_settings import RenderSettings as RenderSettings
 from webctx.fetch_settings import agent_has_token as agent_has_token
 from webctx.protocols import VectorDatatype
+from webctx.search_settings import SearchChain, SearchProviderGroups, VendorKeySource
 
 
 class _Group(BaseModel):
@@ -150,7 +151,7 @@ class IndexSettings(_Group):
     """Pages taken from one sitemap or feed at most."""
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, SearchProviderGroups):
     """Every knob of webctx; see docs/configuration.md."""
 
     model_config = SettingsConfigDict(
@@ -173,8 +174,8 @@ class Settings(BaseSettings):
     Valkey. Required with a non-Redis broker. Set without a broker, it replaces the service's
     Valkey as the job store (the service's Valkey stays the broker)."""
 
-    search_provider: Literal["ddgs", "searxng"] = "ddgs"
-    """`ddgs` (DuckDuckGo through the `ddgs` package, no key) or `searxng`."""
+    search_provider: SearchChain = "ddgs"
+    """`ddgs` (no key), `searxng`, `brave`, `tavily`, `exa`, `serper`, or a chain tried in order."""
     searxng_url: str | None = None
     """Base URL of a SearxNG instance with the JSON format enabled."""
     search_results_per_query: int = 10
@@ -343,7 +344,8 @@ class Settings(BaseSettings):
         """The usual sources, the deprecated names (a current name wins), then the config
         file (lowest: the environment overrides it)."""
         return (init_settings, env_settings, dotenv_settings, file_secret_settings,
-                RenamedEnvSource(settings_cls), ConfigFileSource(settings_cls))  # fmt: skip
+                RenamedEnvSource(settings_cls), VendorKeySource(settings_cls),
+                ConfigFileSource(settings_cls))  # fmt: skip
 
     @model_validator(mode="after")
     def _state_paths(self) -> Settings:

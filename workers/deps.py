@@ -45,6 +45,7 @@ from webctx.protocols import (
 )
 from webctx.settings import EmbedSettings, Settings
 from webctx.stages.plan import LLMPlanner, plan_queries
+from webctx.workers.search_deps import build_search
 
 logger = logging.getLogger("webctx.deps")
 
@@ -170,19 +171,6 @@ def _client(url: str, *, decode_responses: bool) -> redis.Redis:
         health_check_interval=30,
         retry_on_timeout=True,
     )
-
-
-def build_search(settings: Settings) -> SearchProvider:
-    """The configured search provider."""
-    if settings.search_provider == "searxng":
-        if not settings.searxng_url:
-            raise ConfigError("WEBCTX_SEARCH_PROVIDER=searxng needs WEBCTX_SEARXNG_URL")
-        from webctx.adapters.searxng_search import SearxngSearch
-
-        return SearxngSearch(settings.searxng_url, timeout_s=settings.fetch.read_timeout_s)
-    from webctx.adapters.ddgs_search import DdgsSearch
-
-    return DdgsSearch()
 
 
 def address_policy(settings: Settings) -> AddressPolicy:
@@ -339,17 +327,10 @@ class ProviderBreakers:
         self.made.append(ProviderBreaker(self.client, endpoint, policy))
         return self.made[-1]
 
-    def guard_search(self, search: SearchProvider) -> SearchProvider:
+    def guard_search(self, search: SearchProvider, endpoint: Endpoint) -> SearchProvider:
         """`search` behind its endpoint's breaker."""
-        if search.name == "searxng":
-            setting = "WEBCTX_SEARXNG_URL"
-            limits = f"the instance limits this client: raise its limiter's limits ({setting})"
-            endpoint = Endpoint("search", search.name, self.settings.searxng_url or "", setting,
-                                limits)  # fmt: skip
-        else:
-            limits = "DuckDuckGo limits this address: wait, or use SearxNG (WEBCTX_SEARCH_PROVIDER)"
-            endpoint = Endpoint("search", search.name, "", "WEBCTX_SEARCH_PROVIDER", limits)
         timeout_s = self.settings.fetch.read_timeout_s + self.settings.fetch.connect_timeout_s
+        timeout_s = max(timeout_s, float(getattr(search, "timeout_s", 0.0)))
         return GuardedSearch(search, self._breaker(endpoint, timeout_s=timeout_s))
 
     def guard_embedder(self, embedder: Embedder) -> Embedder:
@@ -394,7 +375,7 @@ def build_engine(
     """The job engine on `stores`; `state` is their client (the fetcher's shared pace)."""
     breakers = ProviderBreakers(settings, state)
     embedder = breakers.guard_embedder(build_embedder(settings))
-    search = breakers.guard_search(build_search(settings))
+    search = build_search(settings, breakers.guard_search)
     scope = store_scope(settings, embedder.model)
     staging_scope = hashlib.sha256("\x1f".join(scope).encode()).hexdigest()[:16]
 

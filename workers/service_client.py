@@ -277,9 +277,10 @@ def settings_fingerprint(environ: Mapping[str, str]) -> str:
     still: webctx/workers/service_settings.py compares the values)."""
     from webctx.config_file import file_values
     from webctx.errors import ConfigError
+    from webctx.search_settings import VENDOR_KEY_ENV
 
     def kept(items: Mapping[str, str]) -> list[tuple[str, str]]:
-        prefixes = ("WEBCTX_", "CELERY_", "OPENAI_")
+        prefixes = ("WEBCTX_", "CELERY_", "OPENAI_", *VENDOR_KEY_ENV.values())
         return sorted((k, v) for k, v in items.items()
                       if k.startswith(prefixes) and k not in NOT_COMPARED
                       and not k.startswith("CELERY_LOG_"))  # fmt: skip

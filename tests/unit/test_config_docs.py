@@ -142,3 +142,21 @@ def test_config_names_a_group_error_by_its_group(clean_env: pytest.MonkeyPatch) 
     assert result.exit_code == 2
     assert "error: invalid settings: WEBCTX_FETCH: " in result.output
     assert "Traceback" not in result.output
+
+
+def test_config_shows_the_search_chain_and_masks_each_providers_key(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("WEBCTX_SEARCH_PROVIDER", "Brave, searxng")
+    clean_env.setenv("BRAVE_API_KEY", "brave-secret-1")
+    clean_env.setenv("WEBCTX_TAVILY__API_KEY", "tvly-secret-2")
+    clean_env.setenv("TAVILY_API_KEY", "tvly-loses")
+    rows = {r["env"]: r for r in _config()}
+    assert rows["WEBCTX_SEARCH_PROVIDER"]["value"] == "brave,searxng"
+    brave = rows["WEBCTX_BRAVE__API_KEY"]
+    assert brave["value"] == MASK and brave["source"] == "environment (BRAVE_API_KEY)"
+    assert rows["WEBCTX_TAVILY__API_KEY"]["source"] == "environment (WEBCTX_TAVILY__API_KEY)"
+    assert rows["WEBCTX_EXA__API_KEY"]["value"] is None
+    assert Settings().tavily.api_key.get_secret_value() == "tvly-secret-2"  # type: ignore[union-attr]
+    text = CliRunner().invoke(cli, ["config"]).output
+    assert "secret" not in text and "WEBCTX_BRAVE__API_KEY=****" in text

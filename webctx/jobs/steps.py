@@ -19,7 +19,7 @@ from webctx.models import Bundle, BundleStats, Failure, JobStatus, Page, SearchR
 from webctx.stages.bundle import build_bundle
 from webctx.stages.compose import answer_prefiltered, answer_question
 from webctx.stages.embed import embed_with_cache
-from webctx.stages.search import search_query
+from webctx.stages.search_chain import Attempt, ChainFailed, answer_query, tagged_answer
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def plan_job(engine: Engine, job_id: str) -> None:
     jobs = engine.jobs
     if not jobs.is_active(job_id):
         return
-    down = next((d for b in engine.breakers if (d := b.down()) is not None), None)
+    down = known_down(engine)
     if down is not None:  # a provider the job needs is known to be down: fail now
         provider_down(engine, job_id, down)
         return
@@ -57,7 +57,7 @@ def search_one(engine: Engine, job_id: str, query_idx: int, *, retry: Retry) -> 
         # Each query alone should be able to fill the job's sources.
         limit = max(engine.settings.search_results_per_query, jobs.request(job_id).max_sources)
         try:
-            results = _cached_search(engine, job_id, query, limit)
+            results = _cached_search(engine, job_id, query_idx, query, limit)
         except ProviderDown as exc:
             provider_down(engine, job_id, exc)
             return
@@ -71,7 +71,46 @@ def search_one(engine: Engine, job_id: str, query_idx: int, *, retry: Retry) -> 
     engine.fanin.searched(job_id, query_idx)
 
 
-def _cached_search(engine: Engine, job_id: str, query: str, limit: int) -> list[SearchResult]:
+def known_down(engine: Engine) -> ProviderDown | None:
+    """The outage of a provider the job needs: the embeddings', or the search chain's when
+    every member of it is down (a chain hands a query on past a dead member)."""
+    searching = [b for b in engine.breakers if b.endpoint.role == "search"]
+    others = [b for b in engine.breakers if b.endpoint.role != "search"]
+    down = next((d for b in others if (d := b.down()) is not None), None)
+    if down is not None or not searching:
+        return down
+    outages = [d for b in searching if (d := b.down()) is not None]
+    if len(outages) < len(searching):
+        return None
+    if len(outages) == 1:
+        return outages[0]
+    return ProviderDown(engine.search.name, "every search provider is down: "
+                        + "; ".join(map(str, outages)), url=outages[0].url)  # fmt: skip
+
+
+def _count_attempts(engine: Engine, job_id: str, attempts: list[Attempt]) -> None:
+    """Each provider's requests (answered or failed) and skips, for stats and metrics."""
+    counts: dict[str, int] = {}
+    for a in attempts:
+        name = f"search_skipped:{a.provider}" if a.outcome == "skipped" else (
+            f"search_requests:{a.provider}")  # fmt: skip
+        counts[name] = counts.get(name, 0) + 1
+        if a.outcome == "failed":
+            counts[f"search_failed:{a.provider}"] = counts.get(f"search_failed:{a.provider}", 0) + 1
+    if counts:
+        engine.jobs.add_counts(job_id, **counts)
+
+
+def _answered_by(engine: Engine, job_id: str, query_idx: int, provider: str) -> None:
+    """Record which member of the chain answered query `query_idx` (1-based; 0: none)."""
+    members = engine.search.name.split(",")
+    position = members.index(provider) + 1 if provider in members else 0
+    engine.jobs.set_count(job_id, f"query_provider:{query_idx}", position)
+
+
+def _cached_search(
+    engine: Engine, job_id: str, query_idx: int, query: str, limit: int
+) -> list[SearchResult]:
     """One query's results, from the search cache when fresh (for the jobs that read the
     caches: `webctx.jobs.fetching.reads_caches`)."""
     jobs, cache = engine.jobs, engine.search_cache
@@ -81,8 +120,16 @@ def _cached_search(engine: Engine, job_id: str, query: str, limit: int) -> list[
     results = cache.get(query, limit=limit) if cached else None
     if results is not None:
         jobs.add_counts(job_id, searches_cached=1)
+        _answered_by(engine, job_id, query_idx, results[0].provider if results else "")
         return results
-    results = search_query(engine.search, query, limit=limit, recency_days=recency)
+    try:
+        answer = answer_query(engine.search, query, limit=limit, recency_days=recency)
+    except ChainFailed as failed:
+        _count_attempts(engine, job_id, failed.attempts)
+        raise failed.error from failed
+    _count_attempts(engine, job_id, answer.attempts)
+    _answered_by(engine, job_id, query_idx, answer.provider)
+    results = tagged_answer(answer, query, limit=limit)
     if recency is None:
         cache.put(query, results, limit=limit)
     jobs.add_counts(job_id, searches_sent=1)
@@ -238,7 +285,7 @@ def record_failure(
 
 def _stats(engine: Engine, job_id: str, *, pages_count: int) -> BundleStats:
     jobs = engine.jobs
-    counters = jobs.counters(job_id)
+    counters, members = jobs.counters(job_id), engine.search.name.split(",")
     return BundleStats(
         queries=len(jobs.queries(job_id)),
         results=counters.get("results", 0),
@@ -251,7 +298,12 @@ def _stats(engine: Engine, job_id: str, *, pages_count: int) -> BundleStats:
         tokens_saved=counters.get("tokens_saved", 0),
         index_reused=counters.get("index_reused", 0),
         embedded_ahead=counters.get("embedded_ahead", 0),
-    )
+        query_providers=[members[at - 1] if 0 < (at := counters.get(f"query_provider:{i}", 0))
+                         <= len(members) else "" for i in range(len(jobs.queries(job_id)))],
+        search_requests={name.split(":", 1)[1]: n for name, n in counters.items()
+                         if name.startswith("search_requests:")},
+        from_provider=counters.get("pages_from_provider", 0),
+    )  # fmt: skip
 
 
 def _finish_failed(
