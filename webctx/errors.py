@@ -21,6 +21,7 @@ WebctxError
 +-- FetchError(url)
 |   +-- BlockedURL               # SSRF guard, scheme, robots.txt
 |   |   +-- OptedOut(rule)       # the publisher reserved the page (noai, TDM reservation)
+|   |   +-- Interstitial         # the site answered a block or challenge page instead
 |   +-- InvalidRedirect          # a redirect's Location is no URL httpx can parse
 |   +-- ContentTooLarge
 |   +-- UnsupportedContent       # not HTML / XHTML / plain text
@@ -207,6 +208,11 @@ class OptedOut(BlockedURL):
     def __init__(self, url: str, rule: str) -> None:
         super().__init__(url, rule)
         self.rule = rule
+
+
+class Interstitial(BlockedURL):
+    """The site answered with a block, CAPTCHA or "enable JavaScript" page instead of the
+    page: the site blocked the download, not our policy."""
 
 
 class InvalidRedirect(FetchError):

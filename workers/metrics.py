@@ -47,6 +47,7 @@ from webctx import errors
 from webctx.errors import RateLimited
 from webctx.logging import bind_context, clear_context, configure_logging
 from webctx.models import Failure, JobStatus
+from webctx.search_settings import PROVIDERS
 from webctx.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,13 @@ RATE_LIMITED = Counter(
     "webctx_rate_limited", "429 answers met, by peer (embeddings, search, site).", ["peer"]
 )
 RATE_LIMITED_PEERS = ("embeddings", "search", "site")
+SEARCH_REQUESTS = Counter(
+    "webctx_search_requests",
+    "Search requests by provider and outcome: answered, failed (an error, a 429, no answer: the"
+    " chain hands the query on), skipped (its breaker was open: nothing sent).",
+    ["provider", "outcome"],
+)
+SEARCH_OUTCOMES = ("answered", "failed", "skipped")
 _COUNTS = {
     "tokens_embedded": TOKENS_EMBEDDED,
     "embed_requests": EMBED_REQUESTS,
@@ -115,6 +123,8 @@ def init_series() -> None:
         JOBS.labels(status=status.value)
     for peer in RATE_LIMITED_PEERS:
         RATE_LIMITED.labels(peer=peer)
+    for provider, outcome in product(PROVIDERS, SEARCH_OUTCOMES):
+        SEARCH_REQUESTS.labels(provider=provider, outcome=outcome)
 
 
 # At import, where the metrics are defined: a prefork child inherits the series and writes
@@ -137,6 +147,10 @@ class MetricsObserver:
             for name, delta in facts.items():
                 if name in _COUNTS and int(delta) > 0:
                     _COUNTS[name].inc(int(delta))
+                elif name.startswith("search_") and ":" in name and int(delta) > 0:
+                    outcome, provider = name.removeprefix("search_").split(":", 1)
+                    if outcome in SEARCH_OUTCOMES:
+                        SEARCH_REQUESTS.labels(provider=provider, outcome=outcome).inc(int(delta))
 
 
 class RateLimitLogCounter(logging.Handler):

@@ -76,3 +76,22 @@ def test_a_task_is_counted_under_the_queue_it_was_taken_from() -> None:
     # No delivery info (a direct call): the configured route.
     metrics._on_postrun("t3", _task("webctx.index.tick", None), "SUCCESS")
     assert (count("reindex"), count("rank")) == (before[0] + 2, before[1] + 1)
+
+
+def test_search_requests_are_counted_by_provider_and_outcome() -> None:
+    samples = fresh_samples()
+    for provider in ("ddgs", "searxng", "brave", "tavily", "exa", "serper"):
+        for outcome in ("answered", "failed", "skipped"):
+            labels = frozenset({("provider", provider), ("outcome", outcome)})
+            assert samples[("webctx_search_requests_total", labels)] == 0
+
+    def count(provider: str, outcome: str) -> float:
+        return metrics.SEARCH_REQUESTS.labels(provider=provider, outcome=outcome)._value.get()
+
+    before = count("brave", "failed"), count("searxng", "answered"), count("brave", "skipped")
+    metrics.MetricsObserver().job_event("counts", "j1", {
+        "search_failed:brave": 1, "search_requests:brave": 1, "search_answered:searxng": 1,
+        "search_requests:searxng": 1})  # fmt: skip
+    metrics.MetricsObserver().job_event("counts", "j2", {"search_skipped:brave": 1})
+    after = count("brave", "failed"), count("searxng", "answered"), count("brave", "skipped")
+    assert after == (before[0] + 1, before[1] + 1, before[2] + 1)

@@ -11,7 +11,8 @@ page-cache window; the others download anew. Jobs that read the caches also reus
 failure of a download made within the window, and their downloads of one URL are
 single-flight: one job downloads while the others wanting it wait for its outcome. When a
 download fails and the request allows `stale_if_error`, the newest stored copy stands in,
-marked stale, instead of a failure.
+marked stale, instead of a failure; when none does and the download failed for a transport
+reason, a search provider's copy of the page (`webctx.jobs.provider_copy`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from webctx.errors import BlockedURL, ExtractionError, FetchError, NeedsRender, 
 from webctx.jobs.caches import RememberedFailure
 from webctx.jobs.engine import Engine
 from webctx.jobs.freshness import Freshness, freshness_for, retrieval
+from webctx.jobs.provider_copy import provider_copy
 from webctx.jobs.rendering import TO_RENDER, ToRender, always_rendered, render_refusal
 from webctx.jobs.reservations import download_opt_outs, marked, refused_copy
 from webctx.jobs.steps import record_failure
@@ -203,6 +205,10 @@ def _download(
             stale = _stale_copy(engine, job_id, url_id, url, exc.reason)
             if stale is not None:
                 return stale
+        # A search provider's copy, for a transport failure only (never a refusal).
+        copy = provider_copy(engine, job_id, url_id, url, exc)
+        if copy is not None:
+            return copy
         record_failure(engine, job_id, url_id, url, stage, exc)
         return None
     except redis.RedisError:

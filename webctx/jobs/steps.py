@@ -89,14 +89,15 @@ def known_down(engine: Engine) -> ProviderDown | None:
 
 
 def _count_attempts(engine: Engine, job_id: str, attempts: list[Attempt]) -> None:
-    """Each provider's requests (answered or failed) and skips, for stats and metrics."""
+    """Each provider's requests sent (answered or failed) and skips (its breaker was open),
+    for the bundle's stats and the metrics (`search_<outcome>:<provider>`)."""
     counts: dict[str, int] = {}
     for a in attempts:
-        name = f"search_skipped:{a.provider}" if a.outcome == "skipped" else (
-            f"search_requests:{a.provider}")  # fmt: skip
-        counts[name] = counts.get(name, 0) + 1
-        if a.outcome == "failed":
-            counts[f"search_failed:{a.provider}"] = counts.get(f"search_failed:{a.provider}", 0) + 1
+        names = [f"search_{a.outcome}:{a.provider}"]
+        if a.outcome != "skipped":
+            names.append(f"search_requests:{a.provider}")
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
     if counts:
         engine.jobs.add_counts(job_id, **counts)
 

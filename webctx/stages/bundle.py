@@ -155,6 +155,8 @@ def _freshness_note(source: BundleSource) -> str:
     if source.retrieved is None:
         return ""
     note: str = source.retrieved
+    if source.retrieved == "provider":
+        note = "the search provider's copy: the download failed"
     if source.checked_at is not None:
         note += f", checked {source.checked_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
     if source.stale:

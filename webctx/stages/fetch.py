@@ -23,7 +23,7 @@ from lxml.html import HtmlElement
 from trafilatura.metadata import examine_meta, extract_meta_json, extract_title
 from trafilatura.utils import load_html
 
-from webctx.errors import BlockedURL, ExtractionError, NeedsRender, UnsupportedContent
+from webctx.errors import ExtractionError, Interstitial, NeedsRender, UnsupportedContent
 from webctx.models import Download, Page
 from webctx.protocols import Fetcher, PdfReader
 from webctx.stages.format_chars import protect
@@ -116,7 +116,7 @@ def extract_page(
             raise NeedsRender(download.url, f"the page is rendered by script ({shell})")
     reason = detect_interstitial(meta.title, text, "" if media == "text/plain" else source)
     if reason is not None:
-        raise BlockedURL(download.url, f"interstitial page ({reason!r})")
+        raise Interstitial(download.url, f"interstitial page ({reason!r})")
     if len(text) < MIN_TEXT_CHARS:
         raise ExtractionError(download.url, f"only {len(text)} characters of main text")
     return Page(
