@@ -14,7 +14,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,7 +168,7 @@ class CachedMiniLM:
 
         self.cache = cache
         self.model = MODEL
-        self._local = _local_embedder()
+        self._local: Embedder | None = None  # loaded at the first text not cached
         self._lock = threading.Lock()
         self.computed = 0
 
@@ -178,6 +178,8 @@ class CachedMiniLM:
         missing = sorted({t for t, v in zip(texts, found, strict=True) if v is None})
         if missing:
             with self._lock:  # one model run at a time: 2 cores
+                if self._local is None:
+                    self._local = _local_embedder()
                 fresh = np.asarray(self._local.embed(missing).vectors, dtype=np.float32)
                 self.cache.add(missing, fresh)
                 self.computed += len(missing)
@@ -203,10 +205,12 @@ class QAWeb:
             server.stop()
 
 
-def start_qa_web(docs: Sequence[QADoc]) -> QAWeb:
-    """Start the three servers over `docs`."""
+def start_qa_web(docs: Sequence[QADoc], *, down: Collection[str] = ()) -> QAWeb:
+    """Start the three servers over `docs`; the pages at the paths `down` answer 503."""
     markup = {d.url_path: render_html(d) for d in docs}
-    site = LoopbackServer(make_site_app({p: SitePage(body=m) for p, m in markup.items()}))
+    site = LoopbackServer(make_site_app({
+        p: SitePage(body="unavailable", status=503, content_type="text/plain") if p in down
+        else SitePage(body=m) for p, m in markup.items()}))  # fmt: skip
     site.start()
     # SOURCE.md: the search is BM25 over title + text of every page.
     search_docs = [SearchDoc(site.url + d.url_path, d.title, d.text) for d in docs]

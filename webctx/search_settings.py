@@ -44,7 +44,7 @@ def _normalised(value: str) -> str:
     return ",".join(chain_names(value))
 
 
-SearchChain = Annotated[str, AfterValidator(_normalised)]
+ChainSpec = Annotated[str, AfterValidator(_normalised)]
 """A comma-separated chain of search providers, tried in order."""
 
 

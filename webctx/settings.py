@@ -18,7 +18,7 @@ from webctx.fetch_settings import FetchSettings as FetchSettings
 from webctx.fetch_settings import RenderSettings as RenderSettings
 from webctx.fetch_settings import agent_has_token as agent_has_token
 from webctx.protocols import VectorDatatype
-from webctx.search_settings import SearchChain, SearchProviderGroups, VendorKeySource
+from webctx.search_settings import ChainSpec, SearchProviderGroups, VendorKeySource
 
 
 class _Group(BaseModel):
@@ -174,7 +174,7 @@ class Settings(BaseSettings, SearchProviderGroups):
     Valkey. Required with a non-Redis broker. Set without a broker, it replaces the service's
     Valkey as the job store (the service's Valkey stays the broker)."""
 
-    search_provider: SearchChain = "ddgs"
+    search_provider: ChainSpec = "ddgs"
     """`ddgs` (no key), `searxng`, `brave`, `tavily`, `exa`, `serper`, or a chain tried in order."""
     searxng_url: str | None = None
     """Base URL of a SearxNG instance with the JSON format enabled."""

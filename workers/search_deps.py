@@ -76,6 +76,3 @@ def build_search(settings: Settings, guard: Guard | None = None) -> SearchProvid
         provider = build_provider(settings, name)
         members.append(guard(provider, search_endpoint(settings, name)) if guard else provider)
     return SearchChain(members)
-
-
-__all__ = ["build_provider", "build_search", "search_endpoint"]

@@ -58,6 +58,18 @@ def provider_result(engine: Engine, job_id: str, url: str) -> SearchResult | Non
     return None
 
 
+def provider_page(result: SearchResult, url: str) -> Page | None:
+    """The page a provider's text makes for `url` (its own hash), or None when the result
+    carries no usable text."""
+    text = strip_invisible((result.content or "").strip())
+    if len(text) < MIN_TEXT_CHARS:
+        return None
+    return Page(url=url, final_url=result.url, title=result.title,
+                site=urlsplit(result.url).hostname or "", fetched_at=datetime.now(UTC),
+                content_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                text=text)  # fmt: skip
+
+
 def provider_copy(
     engine: Engine, job_id: str, url_id: str, url: str, exc: FetchError
 ) -> Page | None:
@@ -66,16 +78,11 @@ def provider_copy(
     if not transport_failure(exc):
         return None
     result = provider_result(engine, job_id, url)
-    text = strip_invisible((result.content or "").strip()) if result is not None else ""
-    if result is None or len(text) < MIN_TEXT_CHARS:
+    page = provider_page(result, url) if result is not None else None
+    if result is None or page is None:
         return None
-    now = datetime.now(UTC)
-    page = Page(url=url, final_url=result.url, title=result.title,
-                site=urlsplit(result.url).hostname or "", fetched_at=now,
-                content_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                text=text)  # fmt: skip
     engine.jobs.add_counts(job_id, pages_from_provider=1)
-    engine.jobs.save_page(job_id, url_id, page, retrieval("provider", now))
+    engine.jobs.save_page(job_id, url_id, page, retrieval("provider", page.fetched_at))
     logger.info("provider copy served", extra={"job_id": job_id, "url": url,
                 "provider": result.provider, "reason": exc.reason})  # fmt: skip
     return page
