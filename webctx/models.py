@@ -361,6 +361,28 @@ class BundleStats(BaseModel):
     stage_s: dict[str, float] = Field(default_factory=dict)
 
 
+class FacetCoverage(BaseModel):
+    """How well the bundle covers one part of the question."""
+
+    text: str
+    status: Literal["supported", "weak", "missing"]
+    """supported: a passage very likely answers it; weak: maybe; missing: no source found."""
+    confidence: float = Field(ge=0.0, le=1.0)
+    """Estimated probability that the bundle holds this part's answer."""
+    chunks: list[int] = Field(default_factory=list)
+    """Indices into the bundle's `chunks` of the passages found for this part."""
+
+
+class Coverage(BaseModel):
+    """Whether the bundle answers every part of the question, and how surely."""
+
+    sufficient: bool
+    """False when any facet is missing."""
+    confidence: float = Field(ge=0.0, le=1.0)
+    """Estimated probability that the bundle answers every facet."""
+    facets: list[FacetCoverage]
+
+
 class Bundle(BaseModel):
     """The versioned, cited context bundle a job produces."""
 
@@ -373,3 +395,5 @@ class Bundle(BaseModel):
     chunks: list[BundleChunk]
     failures: list[Failure] = Field(default_factory=list)
     stats: BundleStats = Field(default_factory=BundleStats)
+    coverage: Coverage | None = None
+    """Per-facet coverage and its confidence; None in bundles made before it existed."""
