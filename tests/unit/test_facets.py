@@ -113,3 +113,22 @@ def test_a_bundle_carries_coverage_and_reads_without_it() -> None:
 def test_a_confidence_outside_zero_to_one_is_refused() -> None:
     with pytest.raises(ValueError, match="confidence"):
         FacetCoverage(text="a", status="weak", confidence=1.5, chunks=[])
+
+
+def test_two_questions_without_a_question_mark_between_split_at_the_second_question_word() -> None:
+    assert split_facets("What is the name of the stadium What was the radio called?") == [
+        "What is the name of the stadium",
+        "What was the radio called?",
+    ]
+
+
+def test_a_question_mark_inside_quotes_ends_its_question() -> None:
+    assert split_facets('Who was the "Mistress of the animals?" Where is Knossos located?') == [
+        'Who was the "Mistress of the animals?"',
+        "Where is Knossos located?",
+    ]
+
+
+def test_a_list_describing_the_one_thing_asked_for_is_no_facets() -> None:
+    question = "Which theatre in Hanover hosts musicals, shows and guest performances?"
+    assert split_facets(question) == [question]

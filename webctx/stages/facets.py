@@ -15,8 +15,16 @@ from webctx.stages.plan import _STOPWORDS, _TOKEN, _keywords
 _MIN_CONTENT_WORDS = 2
 _MAX_ITEM_WORDS = 4
 _MAX_FACETS = 6
-# A question mark followed by more text starts another question.
-_QUESTION_END = re.compile(r"(?<=\?)\s+(?=\S)")
+# Another question starts after a question mark (a closing quote may follow it), and at a
+# capitalised question word mid-sentence ("What is X What was Y").
+_QUESTION_END = re.compile(
+    r"(?<=\?)\s+(?=\S)|(?<=\?[\"”’'])\s+(?=\S)"
+    r"|(?<=[\w)\"”’'.!])\s+(?=(?:What|Who|Whom|Whose|When|Where|Which|Why|How|Name)\b)"
+)
+_AUXILIARIES = frozenset(
+    "is are was were do does did can could should would will has have had may might must "
+    "kind kinds type types sort sorts".split()
+)
 _VERSUS = re.compile(r"\s+(?:vs\.?|versus|v\.)\s+", re.I)
 _COMPARE = re.compile(
     r"\b(?:compare|comparing|comparison of|differences? between|distinguish)\s+(?P<a>.+?)\s+"
@@ -136,7 +144,7 @@ def _listed(part: str) -> list[str]:
     """One facet per item of a list of three or more ("X, Y and Z"), the question around
     it kept, or []; not when the question asks to pick one of them."""
     match = _LIST.search(part)
-    if match is None or _ONE_ANSWER.search(part):
+    if match is None or _ONE_ANSWER.search(part) or _asks_for_one(part):
         return []
     raw = re.split(r",\s+(?:and\s+|or\s+)?|,?\s+(?:and|or)\s+", match.group())
     if len(raw) < 3:
@@ -155,6 +163,15 @@ def _listed(part: str) -> list[str]:
     items = [first, *middle, last]
     before, after = part[:start], part[end:]
     return [f"{before}{item}{after}".strip() for item in items]
+
+
+def _asks_for_one(part: str) -> bool:
+    """Whether the question asks for one thing by its noun ("Which theatre…", "What species
+    shows…"): a list in it describes that thing, not several things to answer."""
+    tokens = part.split()
+    if len(tokens) < 2 or tokens[0].casefold() not in ("which", "what"):
+        return False
+    return tokens[1].casefold().strip(",;:?") not in _AUXILIARIES
 
 
 def _distinct(facets: list[str]) -> list[str]:

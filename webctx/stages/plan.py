@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -100,7 +101,21 @@ def _quote(phrase: str) -> str:
 
 
 def plan_queries(question: str, *, max_queries: int) -> list[str]:
-    """The question itself, then keyword and entity variants; 1..max_queries, no duplicates."""
+    """The question itself, then keyword and entity variants; 1..max_queries, no duplicates.
+    A question of several facets (`split_facets`) gets each facet's plan in turn: its
+    first query from every facet, then its second..., at least one query per facet."""
+    from webctx.stages.facets import split_facets  # facets reads this module's word lists
+
+    facets = split_facets(question)
+    if len(facets) == 1:
+        return _plan_one(question, max_queries=max_queries)
+    plans = [_plan_one(f, max_queries=max_queries) for f in facets]
+    turns = [q for turn in itertools.zip_longest(*plans) for q in turn if q]
+    return _dedupe(turns, max(max_queries, len(facets)))
+
+
+def _plan_one(question: str, *, max_queries: int) -> list[str]:
+    """`plan_queries` of one facet."""
     question = " ".join(question.split())
     phrases = _QUOTED.findall(question)
     rest = _QUOTED.sub(" ", question)
