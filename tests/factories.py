@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from webctx.adapters.hash_embedder import HashEmbedder
-from webctx.models import Chunk, Page, ScoredChunk
+from webctx.models import Bundle, BundleStats, Chunk, Page, ScoredChunk
+from webctx.stages.bundle import build_bundle
 from webctx.tokens import count_tokens
 
 DEFAULT_TEXT = (
@@ -80,3 +81,10 @@ def one_hot(i: int, dimensions: int = 64) -> list[float]:
     vec = [0.0] * dimensions
     vec[i] = 1.0
     return vec
+
+
+def make_bundle_for(ranked: Sequence[ScoredChunk]) -> Bundle:
+    """The bundle of chunks made by `make_scored` (each the whole of its own page)."""
+    pages = {c.chunk.content_sha256: make_page(url=c.url, text=c.chunk.text) for c in ranked}
+    return build_bundle(job_id="job", question="q", queries=[], pages=pages, ranked=ranked,
+                        failures=[], stats=BundleStats())  # fmt: skip

@@ -272,6 +272,8 @@ class ScoredChunk(BaseModel):
     url: str
     score: float
     vector: list[float] = Field(default_factory=list, repr=False)
+    dense: float | None = None
+    """Its cosine to the question before any fusion, when known (coverage reads it)."""
 
 
 class Failure(BaseModel):
@@ -381,6 +383,8 @@ class Coverage(BaseModel):
     confidence: float = Field(ge=0.0, le=1.0)
     """Estimated probability that the bundle answers every facet."""
     facets: list[FacetCoverage]
+    notes: list[str] = Field(default_factory=list)
+    """Plain words for what is missing: `No source found for: <facet>`, one per facet."""
 
 
 class Bundle(BaseModel):

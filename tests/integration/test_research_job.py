@@ -194,6 +194,8 @@ def test_job_whose_sources_all_fail_ends_failed_with_failures_listed(
     assert bundle.chunks == [] and bundle.sources == []
     assert {f.url.removeprefix(test_web.site.url) for f in bundle.failures} == set(HOSTILE)
     assert f"all {len(HOSTILE)} sources failed" in done.stderr
+    assert bundle.coverage is not None and bundle.coverage.sufficient is False
+    assert bundle.coverage.notes == [f"No source found for: {TRAP_QUESTION}"]
 
 
 def test_invalid_request_is_refused_before_anything_runs(tmp_path: Path) -> None:

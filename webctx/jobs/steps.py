@@ -18,7 +18,9 @@ from webctx.jobs.engine import Engine, Retry
 from webctx.models import Bundle, BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.stages.bundle import build_bundle
 from webctx.stages.compose import answer_prefiltered, answer_question
+from webctx.stages.coverage import assess_coverage
 from webctx.stages.embed import embed_with_cache
+from webctx.stages.facets import split_facets
 from webctx.stages.search_chain import Attempt, ChainFailed, answer_query, tagged_answer
 
 logger = logging.getLogger(__name__)
@@ -320,6 +322,7 @@ def _finish_failed(
     """End a job that has no page: a bundle listing the failures, and the reason."""
     bundle = build_bundle(job_id=job_id, question=question, queries=queries, pages={},
                           ranked=[], failures=failures, stats=stats)  # fmt: skip
+    bundle.coverage = assess_coverage(split_facets(question), [])  # every facet missing
     engine.jobs.save_bundle(job_id, bundle)
     if force and not failures:
         error = "deadline reached before any source was fetched"

@@ -114,7 +114,7 @@ def render_markdown(bundle: Bundle, *, nonce: str | None = None) -> str:
     lines += ["## Sources", ""]
     lines.extend(_source_line(source) for source in bundle.sources)
     quoted = fence_untrusted("\n".join(lines), nonce=nonce or new_nonce())
-    lines = [f"# {_one_line(bundle.question)}", "", quoted.rstrip()]
+    lines = [f"# {_one_line(bundle.question)}", "", *_coverage_lines(bundle), quoted.rstrip()]
     if bundle.stats.flagged_chunks:
         lines.append(f"\n{bundle.stats.flagged_chunks} passage(s) flagged `instructions`.")
     if bundle.failures:
@@ -125,6 +125,25 @@ def render_markdown(bundle: Bundle, *, nonce: str | None = None) -> str:
         if len(bundle.failures) > _MAX_FAILURES_SHOWN:
             lines.append(f"- … and {len(bundle.failures) - _MAX_FAILURES_SHOWN} more")
     return "\n".join(lines) + "\n"
+
+
+def _coverage_lines(bundle: Bundle) -> list[str]:
+    """What the bundle covers, before its passages: each missing facet said plainly, and
+    of several facets each one's status and the sources of its passages."""
+    coverage = bundle.coverage
+    if coverage is None:
+        return []
+    verdict = "sufficient" if coverage.sufficient else "insufficient"
+    lines = [f"Coverage: {verdict} (confidence {coverage.confidence:.2f})"]
+    if len(coverage.facets) > 1:
+        for facet in coverage.facets:
+            cited = dict.fromkeys(bundle.chunks[i].source for i in facet.chunks
+                                  if i < len(bundle.chunks))  # fmt: skip
+            shown = ", ".join(f"[{n}]" for n in cited) or "none"
+            lines.append(f"- {facet.status} ({facet.confidence:.2f}): "
+                         f"{_one_line(facet.text)} — sources {shown}")  # fmt: skip
+    lines += ["", *coverage.notes] if coverage.notes else []
+    return [*lines, ""]
 
 
 def _citation(chunk: BundleChunk) -> str:

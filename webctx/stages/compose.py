@@ -19,8 +19,10 @@ from webctx.stages.embed import (
     embed_with_cache,
     parallel_requests,
 )
+from webctx.stages.facets import split_facets
 from webctx.stages.prefilter import select_candidates
-from webctx.stages.rank import RRF_K, fuse_lexical, rank_chunks, ranks_by_score, rrf
+from webctx.stages.rank import RRF_K, fuse_lexical, ranks_by_score, rrf
+from webctx.stages.shares import Packed, cover_bundle, facet_pools_by_text, pack_facets
 from webctx.stages.sparse import TermCounts
 from webctx.stages.store import make_points, store_chunks, vector_lookup
 
@@ -184,6 +186,37 @@ def retrieve_candidates(
     return fuse_lexical(question, kept, urls=urls, counted=counted)
 
 
+def facet_pools(
+    *,
+    question: str,
+    facets: Sequence[str],
+    pages: Mapping[str, Page],
+    stats: BundleStats,
+    embedder: Embedder,
+    store: VectorStore,
+    top_k: int,
+    embedding: EmbedSettings,
+    cache: EmbeddingCache | None = None,
+    limiter: RedisRateLimiter | None = None,
+    question_vector: Sequence[float] | None = None,
+    counted: Mapping[str, TermCounts] | None = None,
+) -> list[list[ScoredChunk]]:
+    """Each facet's fused candidates (`retrieve_candidates`); one facet is the question,
+    retrieved exactly as it always was."""
+    if len(facets) == 1:
+        return [retrieve_candidates(
+            question=question, pages=pages, stats=stats, embedder=embedder, store=store,
+            top_k=top_k, embedding=embedding, cache=cache, limiter=limiter,
+            question_vector=question_vector, counted=counted,
+        )]  # fmt: skip
+    outcome = _embed_chunks(list(facets), embedder, embedding, cache, limiter)
+    _count(stats, outcome)
+    return [retrieve_candidates(
+        question=facet, pages=pages, stats=stats, embedder=embedder, store=store,
+        top_k=top_k, embedding=embedding, question_vector=vector,
+    ) for facet, vector in zip(facets, outcome.vectors, strict=True)]  # fmt: skip
+
+
 def answer_question(
     *,
     job_id: str,
@@ -202,25 +235,44 @@ def answer_question(
     question_vector: Sequence[float] | None = None,
     retrievals: Mapping[str, Retrieval] | None = None,
     counted: Mapping[str, TermCounts] | None = None,
+    facets: Sequence[str] | None = None,
 ) -> Bundle:
-    """Retrieve and fuse the job's chunks (`retrieve_candidates`), pack them, cite."""
-    candidates = retrieve_candidates(
-        question=question, pages=pages, stats=stats, embedder=embedder, store=store,
-        top_k=top_k, embedding=embedding, cache=cache, limiter=limiter,
+    """Retrieve and fuse the job's chunks for each facet of the question (`facet_pools`),
+    pack each its share, cite, and say how well each facet is covered
+    (`webctx.stages.shares`)."""
+    facets = split_facets(question) if facets is None else list(facets)
+    pools = facet_pools(
+        question=question, facets=facets, pages=pages, stats=stats, embedder=embedder,
+        store=store, top_k=top_k, embedding=embedding, cache=cache, limiter=limiter,
         question_vector=question_vector, counted=counted,
     )  # fmt: skip
-    ranked = rank_chunks(candidates, top_k=top_k, token_budget=token_budget,
+    packed = pack_facets(facets, pools, top_k=top_k, token_budget=token_budget,
                          vectors=vector_lookup(store, embedder.model))  # fmt: skip
-    return build_bundle(
-        job_id=job_id,
-        question=question,
-        queries=queries,
-        pages=pages,
-        ranked=ranked,
-        failures=failures,
-        stats=stats,
-        retrievals=retrievals,
-    )
+    return covered_bundle(
+        job_id=job_id, question=question, queries=queries, pages=pages, facets=facets,
+        pools=pools, packed=packed, failures=failures, stats=stats, retrievals=retrievals,
+    )  # fmt: skip
+
+
+def covered_bundle(
+    *,
+    job_id: str,
+    question: str,
+    queries: Sequence[str],
+    pages: Mapping[str, Page],
+    facets: Sequence[str],
+    pools: Sequence[Sequence[ScoredChunk]],
+    packed: Packed,
+    failures: Sequence[Failure],
+    stats: BundleStats,
+    retrievals: Mapping[str, Retrieval] | None = None,
+) -> Bundle:
+    """The cited bundle of packed chunks, with its coverage."""
+    bundle = build_bundle(job_id=job_id, question=question, queries=queries, pages=pages,
+                          ranked=packed.ranked, failures=failures, stats=stats,
+                          retrievals=retrievals)  # fmt: skip
+    bundle.coverage = cover_bundle(bundle, facets, packed, pools)
+    return bundle
 
 
 @dataclass
@@ -286,7 +338,7 @@ def fuse_selected(
     # Built without validation: our own chunks and floats (hundreds of 384-float vectors).
     return [
         ScoredChunk.model_construct(
-            chunk=c, url=pages[c.content_sha256].url, score=fused[n], vector=v
+            chunk=c, url=pages[c.content_sha256].url, score=fused[n], vector=v, dense=cosines[n]
         )  # fmt: skip
         for n, (c, v) in enumerate(zip(chosen, vectors, strict=True))
     ]
@@ -321,6 +373,7 @@ def answer_prefiltered(
     limiter: RedisRateLimiter | None = None,
     question_vector: Sequence[float] | None = None,
     retrievals: Mapping[str, Retrieval] | None = None,
+    facets: Sequence[str] | None = None,
 ) -> Bundle:
     """A one-off job's bundle from its pages alone: `prefilter_candidates`, then pack and
     cite as `answer_question` does. The vector store is not read (nor written: the pages
@@ -330,7 +383,15 @@ def answer_prefiltered(
         embedding=embedding, prefilter=prefilter, cache=cache, limiter=limiter,
         question_vector=question_vector,
     )  # fmt: skip
-    ranked = rank_chunks(found.candidates, top_k=top_k, token_budget=token_budget)
-    return build_bundle(job_id=job_id, question=question, queries=queries, pages=pages,
-                        ranked=ranked, failures=failures, stats=stats,
-                        retrievals=retrievals)  # fmt: skip
+    facets = split_facets(question) if facets is None else list(facets)
+    pools = [found.candidates]
+    if len(facets) > 1:  # each facet scores the same candidates (they carry vectors)
+        outcome = _embed_chunks(facets, embedder, embedding, cache, limiter)
+        _count(stats, outcome)
+        vectors = dict(zip(facets, outcome.vectors, strict=True))
+        pools = facet_pools_by_text(facets, vectors, found.candidates)
+    packed = pack_facets(facets, pools, top_k=top_k, token_budget=token_budget)
+    return covered_bundle(
+        job_id=job_id, question=question, queries=queries, pages=pages, facets=facets,
+        pools=pools, packed=packed, failures=failures, stats=stats, retrievals=retrievals,
+    )  # fmt: skip

@@ -103,7 +103,7 @@ def fuse_lexical(
     fused = rrf([ranks_by_score([c.score for c in candidates]), ranks_by_score(lexical)], k=k)
     out = []
     for i, c in enumerate(candidates):
-        update: dict[str, object] = {"score": fused[i]}
+        update: dict[str, object] = {"score": fused[i], "dense": c.score}
         if urls is not None:
             update["url"] = urls[c.chunk.content_sha256]
         out.append(c.model_copy(update=update))  # no re-validation
