@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import random
 import sys
 import time
@@ -44,6 +45,7 @@ import numpy as np  # noqa: E402
 
 from bench._report import write_section  # noqa: E402
 from bench.answer_recall import MAX_QUERIES, MAX_SOURCES, RESULTS_PER_QUERY, TOP_K  # noqa: E402
+from bench.calibration import auroc, fit_logistic, reliability  # noqa: E402
 from bench.qa_web import MODEL, OUT, QAWeb, Question, normalize, shared_qa, start_qa_web  # noqa: E402
 from bench.recall_scoring import hit  # noqa: E402
 from webctx.adapters.httpx_fetcher import HttpxFetcher  # noqa: E402
@@ -223,46 +225,6 @@ def _record(scenario: str, split: str, budget: int, bundle: Bundle, packed: Pack
                   signals, labels, split)  # fmt: skip
 
 
-def auroc(positive: Sequence[float], negative: Sequence[float]) -> float:
-    """Probability a positive scores above a negative (ties count half)."""
-    if not positive or not negative:
-        return float("nan")
-    pos, neg = np.asarray(positive), np.asarray(negative)
-    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    return float(greater / (len(pos) * len(neg)))
-
-
-def reliability(conf: Sequence[float], labels: Sequence[bool], bins: int = 10
-                ) -> tuple[float, list[tuple[float, float, float, int]]]:  # fmt: skip
-    """ECE and (low, mean confidence, accuracy, count) per equal-width bin."""
-    c, y = np.asarray(conf, dtype=float), np.asarray(labels, dtype=float)
-    rows, ece = [], 0.0
-    for b in range(bins):
-        lo, hi = b / bins, (b + 1) / bins
-        mask = (c >= lo) & ((c < hi) if b < bins - 1 else (c <= hi))
-        if mask.any():
-            rows.append((lo, float(c[mask].mean()), float(y[mask].mean()), int(mask.sum())))
-            ece += mask.sum() / len(c) * abs(c[mask].mean() - y[mask].mean())
-    return float(ece), rows
-
-
-def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-2) -> tuple[np.ndarray, float]:
-    """Logistic regression by Newton's method with a small L2 penalty (not on the bias)."""
-    a = np.hstack([x, np.ones((len(x), 1))])
-    w = np.zeros(a.shape[1])
-    penalty = np.full(a.shape[1], l2)
-    penalty[-1] = 0.0
-    for _ in range(50):
-        p = 1.0 / (1.0 + np.exp(-(a @ w)))
-        grad = a.T @ (p - y) + penalty * w
-        hess = (a * (p * (1 - p))[:, None]).T @ a + np.diag(penalty)
-        step = np.linalg.solve(hess, grad)
-        w -= step
-        if np.abs(step).max() < 1e-8:
-            break
-    return w[:-1], float(w[-1])
-
-
 @dataclass
 class Run:
     """Every record of one run, and the recall of the old packing by budget."""
@@ -270,7 +232,6 @@ class Run:
     records: list[Record] = field(default_factory=list)
     before: dict[str, dict[int, int]] = field(default_factory=dict)
     jobs: dict[str, int] = field(default_factory=dict)
-    fit_rows: list[tuple[list[float], bool]] = field(default_factory=list)
 
 
 def warm(web: Web, questions: Sequence[Question], pairs: Sequence[tuple[Question, Question]]
@@ -299,7 +260,7 @@ def use_constants(path: Path) -> None:
 
 
 def measure(web: Web, questions: Sequence[Question], pairs: Sequence[tuple[Question, Question]],
-            split: str, run: Run, *, fit: bool) -> None:  # fmt: skip
+            split: str, run: Run) -> None:  # fmt: skip
     """Every scenario of `questions` (and the compound `pairs`) into `run`."""
     for n, q in enumerate(questions):
         removed = answer_urls(web, q.answers)
@@ -317,10 +278,6 @@ def measure(web: Web, questions: Sequence[Question], pairs: Sequence[tuple[Quest
             tally = run.before.setdefault(scenario, {})
             for budget, got in before.items():
                 tally[budget] = tally.get(budget, 0) + got
-            if fit:
-                run.fit_rows += [
-                    (s, lab) for r in records for s, lab in zip(r.signals, r.labels, strict=True)
-                ]
         if n % 20 == 19:
             print(f"  {split}: {n + 1}/{len(questions)} questions", flush=True)  # noqa: T201
     for a, b in pairs:
@@ -430,9 +387,21 @@ def report(run: Run, n_questions: int, seconds: float, computed: int) -> str:
         f"{SECONDS['with coverage'] / max(1, bundles) * 1000:.1f} ms (retrieval, shared by "
         "both, not counted).\n"
     )
+    text += f"\nCPU: {cpu()}.\n"
     text += (f"\nRun time {seconds:.0f} s ({computed} texts embedded, the rest from the "
              "bench/out/ cache).")  # fmt: skip
     return text
+
+
+def cpu() -> str:
+    """The CPU's model name, cores and vector flags, as /proc/cpuinfo gives them."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                 if ln.startswith("model name")), "unknown")  # fmt: skip
+    flags = set(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").split())
+    wanted = ("avx2", "avx512_vnni", "avx512_bf16", "amx_bf16")
+    have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in wanted)
+    return f"{name}, {os.cpu_count()} cores ({have})"
 
 
 def draw(questions: Sequence[Question], n: int, seed: int = 0) -> list[Question]:
@@ -481,13 +450,13 @@ def main() -> None:
         if args.constants:
             warm(web, sample, pairs)
             use_constants(Path(args.constants))
-        measure(web, sample, pairs, half, run, fit=args.fit)
+        measure(web, sample, pairs, half, run)
     finally:
         fetcher.close()
         qa.stop()
     dump = OUT / f"sufficiency-{half}.json"
     records = [dataclasses.asdict(r) for r in run.records]
-    dump.write_text(json.dumps({"fit_rows": run.fit_rows, "records": records}))
+    dump.write_text(json.dumps({"records": records}))
     if args.fit:
         print(fit_model(run.records))  # noqa: T201
         return

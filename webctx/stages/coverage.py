@@ -30,8 +30,8 @@ from dataclasses import astuple, dataclass
 from typing import Literal
 
 from webctx.models import Coverage, FacetCoverage, ScoredChunk
-from webctx.stages.plan import _STOPWORDS
 from webctx.stages.sparse import words
+from webctx.stages.words import STOPWORDS as _STOPWORDS
 
 Status = Literal["supported", "weak", "missing"]
 POOL_TOP = 20

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 
-from webctx.stages.plan import _STOPWORDS, _TOKEN, _keywords
+from webctx.stages.words import STOPWORDS as _STOPWORDS
+from webctx.stages.words import TOKEN as _TOKEN
+from webctx.stages.words import keywords as _keywords
 
 _MIN_CONTENT_WORDS = 2
 _MAX_ITEM_WORDS = 4

@@ -9,6 +9,10 @@ import re
 from typing import TYPE_CHECKING
 
 from webctx.models import clean_text
+from webctx.stages.facets import split_facets
+from webctx.stages.words import STOPWORDS as _STOPWORDS
+from webctx.stages.words import TOKEN as _TOKEN
+from webctx.stages.words import keywords as _keywords
 
 if TYPE_CHECKING:  # the client costs ~0.5 s to import: only an LLM planner needs it
     import openai
@@ -16,21 +20,6 @@ if TYPE_CHECKING:  # the client costs ~0.5 s to import: only an LLM planner need
 logger = logging.getLogger(__name__)
 
 _QUOTED = re.compile(r"[\"“”]([^\"“”]{2,})[\"“”]")
-# Keeps "C++", "Node.js", "GPT-4", "3.12", "I/O", "O'Reilly" whole; trailing punctuation is dropped.
-_TOKEN = re.compile(r"[\w][\w.+#'’/-]*[\w+#]|[\w]", re.UNICODE)
-_QUESTION_WORDS = frozenset(
-    "what whats which who whom whose when where why how is are was were does do did can could "
-    "should would will shall may might must explain describe tell show give list compare "
-    "please know".split()
-)
-_STOPWORDS = _QUESTION_WORDS | frozenset(
-    "a an the and or but if then than so of in on at to for from by with about into over under "
-    "between through during before after above below up down out off again further once here "
-    "there all any both each few more most other some such no nor not only own same too very "
-    "just also i me my we our you your he him his she her it its they them their this that "
-    "these those am be been being have has had having there's it's i'm there best way ways "
-    "difference differences vs versus use used using get make work works".split()
-)
 _MAX_QUERY_CHARS = 200
 _LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
 
@@ -84,18 +73,6 @@ def _entities(text: str) -> list[str]:
     return entities + ([" ".join(run)] if run else [])
 
 
-def _keywords(text: str) -> list[str]:
-    """Content words in order, stopwords and question words removed, de-duplicated."""
-    seen: set[str] = set()
-    out: list[str] = []
-    for token in _TOKEN.findall(text):
-        key = token.casefold()
-        if key not in _STOPWORDS and key not in seen:
-            seen.add(key)
-            out.append(token)
-    return out
-
-
 def _quote(phrase: str) -> str:
     return f'"{phrase}"' if " " in phrase else phrase
 
@@ -104,8 +81,6 @@ def plan_queries(question: str, *, max_queries: int) -> list[str]:
     """The question itself, then keyword and entity variants; 1..max_queries, no duplicates.
     A question of several facets (`split_facets`) gets each facet's plan in turn: its
     first query from every facet, then its second..., at least one query per facet."""
-    from webctx.stages.facets import split_facets  # facets reads this module's word lists
-
     facets = split_facets(question)
     if len(facets) == 1:
         return _plan_one(question, max_queries=max_queries)
