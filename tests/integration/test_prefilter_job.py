@@ -64,13 +64,22 @@ def _glacier_page(n: int) -> str:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def glacier_web() -> Iterator[LoopbackWeb]:
-    """Three glacier pages; the third answers after 4 s (the others are in by then)."""
+    """Three glacier pages; the third answers only once the embeddings server has taken
+    two requests (the question's and a fast page's, embedded ahead), or after 20 s: the
+    order of arrival is the test's, not the machine's speed."""
     text = "Aletsch glacier retreat Rhone valley ledger survey ice front"
+
+    def ready() -> bool:
+        return web.embeddings_control.stats.accepted >= 2
+
     extra = {
-        f"/glacier/{n}.html": (SitePage(body=_glacier_page(n), delay_s=4.0 if n == 2 else 0.0),
-                               f"Aletsch glacier retreat ledger {n}", text)
+        f"/glacier/{n}.html": (
+            SitePage(body=_glacier_page(n), delay_s=20.0 if n == 2 else 0.0,
+                     ready=ready if n == 2 else None),
+            f"Aletsch glacier retreat ledger {n}", text,
+        )
         for n in range(3)
     }  # fmt: skip
     web = start_test_web(extra=extra)
@@ -83,11 +92,10 @@ def test_a_prefiltered_jobs_pages_are_embedded_as_they_arrive_and_rank_embeds_th
 ) -> None:
     web_env = {
         **glacier_web.env(),
-        "WEBCTX_FETCH__TOTAL_TIMEOUT_S": "10",
-        "WEBCTX_FETCH__READ_TIMEOUT_S": "6",
+        "WEBCTX_FETCH__TOTAL_TIMEOUT_S": "30",
+        "WEBCTX_FETCH__READ_TIMEOUT_S": "25",
         # The three pages share a host: unpaced, the fast two are in at once whichever
-        # page is asked first (paced 1 s apart, a fast page could come 0.5 s before the
-        # slow one, too short for its embedding on a loaded machine: CI saw 0 ahead).
+        # page is asked first.
         "WEBCTX_FETCH__PER_HOST_DELAY_S": "0",
     }  # the slow page must not time out
     env = clean_env(
@@ -104,9 +112,9 @@ def test_a_prefiltered_jobs_pages_are_embedded_as_they_arrive_and_rank_embeds_th
         "1.html",
         "2.html",
     }
-    # Every chunk is selected here (few pages); the two fast pages were embedded while
-    # the slow one downloaded, and rank embedded the slow page's chunks alone (and what
-    # it stopped before, had the slow page come in first).
+    # Every chunk is selected here (few pages); a fast page was embedded while the slow
+    # one downloaded (the slow one waits for it), and rank embedded the slow page's chunks
+    # (and what the other fast page stopped before, had the slow page come in first).
     assert stats.embedded_ahead > 0, stats
     assert 0 < stats.embedded_at_rank < stats.chunks, stats
     # (+1: the question, when rank came before its embed_question task had ended)

@@ -13,7 +13,7 @@ import hashlib
 import html
 import json
 import zlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -35,6 +35,9 @@ class SitePage:
     status: int = 200
     content_type: str = HTML
     delay_s: float = 0.0
+    ready: Callable[[], bool] | None = None
+    """With `delay_s`: answer as soon as `ready()` is true (polled every 20 ms), at
+    `delay_s` at the latest: a page that comes after an event, not after a guessed time."""
     headers: dict[str, str] = field(default_factory=dict)
     trickle_s: float | None = None
     trickle_bytes: int = _TRICKLE_CHUNK
@@ -113,7 +116,7 @@ def make_site_app(
         if page is None:
             return Response(b"not found", status_code=404, media_type="text/plain")
         if page.delay_s:
-            await _sleep_unless_disconnected(request, page.delay_s)
+            await _sleep_unless_disconnected(request, page.delay_s, page.ready)
         tag = _etag(page)
         if tag is not None and tag in request.headers.get("if-none-match", ""):
             not_modified[path] += 1
@@ -182,8 +185,22 @@ async def _trickle(
         await anyio.sleep(pause_s)
 
 
-async def _sleep_unless_disconnected(request: Request, seconds: float) -> None:
+async def _sleep_unless_disconnected(
+    request: Request, seconds: float, ready: Callable[[], bool] | None = None
+) -> None:
     # Wake early when the client hangs up, so a test's server can stop promptly.
-    with anyio.move_on_after(seconds):
+    async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        tasks.cancel_scope.cancel()
+
+    async def until_ready() -> None:
+        while ready is not None and not ready():
+            await anyio.sleep(0.02)
+        tasks.cancel_scope.cancel()
+
+    with anyio.move_on_after(seconds):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(disconnected)
+            if ready is not None:
+                tasks.start_soon(until_ready)
