@@ -27,7 +27,7 @@ the best order (with `--hosts` below the pages, a job's pages can share a host).
 levers (`--levers`, or only those named `--lever NAME`) set the named WEBCTX_ variables.
 
     WEBCTX_BENCH_LOCAL_BACKEND=onnx .venv/bin/python bench/latency.py [--questions 5]
-        [--levers [--lever NAME ...] [--lever-questions 2]] [--write]
+        [--levers [--lever NAME ...] [--lever-questions 2]] [--only-levers] [--write]
 """
 
 from __future__ import annotations
@@ -414,6 +414,7 @@ MAIN = [
     Config("local model", False, 8), Config("local model", False, 20),
 ]  # fmt: skip
 OFF = (("WEBCTX_PREFILTER__WHEN", "never"),)
+SLOW = (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"), ("WEBCTX_EMBED__LOCAL_THREADS", "1"))
 LEVERS = [
     Config("API, first pass always", True, 20, (("WEBCTX_PREFILTER__WHEN", "always"),)),
     Config("API, 8 task threads", True, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
@@ -425,6 +426,11 @@ LEVERS = [
     Config("local model, ONNX Runtime fp32", False, 8, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"),)),
     Config("local model, ONNX Runtime fp32", False, 20,
            (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"),)),
+    Config("local model int8", False, 8, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx-int8"),)),
+    # One thread of fp32: a CPU without bf16 or VNNI, slower than the one present.
+    Config("local model, slow CPU (fp32, 1 thread)", False, 8, SLOW),
+    Config("local model, slow CPU (fp32, 1 thread), pass never narrowed", False, 8,
+           (*SLOW, ("WEBCTX_PREFILTER__EMBED_BUDGET_S", "0"))),
 ]  # fmt: skip
 
 
@@ -442,6 +448,8 @@ def main() -> None:
     parser.add_argument("--lever", action="append", default=[], metavar="NAME",
                         help="only lever rows whose name contains NAME (repeatable)")  # fmt: skip
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--only-levers", action="store_true",
+                        help="the lever rows alone, without the four main rows")  # fmt: skip
     parser.add_argument(
         "--hosts",
         type=int,
@@ -462,7 +470,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="webctx-latency-") as tmp:
             levers = [c for c in LEVERS if not args.lever or any(n in c.name for n in args.lever)]
-            configs = MAIN + (levers if args.levers else [])
+            configs = [] if args.only_levers else list(MAIN)
+            configs += levers if args.levers or args.only_levers else []
             for config in configs:
                 asked = held_out if config in MAIN else held_out[: args.lever_questions]
                 results.append((config, measure(web, asked, config, Path(tmp))))
@@ -482,7 +491,7 @@ def main() -> None:
         "compare rows of this run, not absolute seconds). Stage seconds overlap.\n\n"
         f"{HEADER}\n{main_rows}\n"
     )
-    if args.levers:
+    if args.levers or args.only_levers:
         lever_rows = "\n".join(row(c, r) for c, r in results if c not in MAIN)
         text += (
             f"\nLevers (one setting changed from the defaults above):\n\n{HEADER}\n{lever_rows}\n"

@@ -8,6 +8,7 @@ every chunk embedded, BM25 over all of them). Vectors come from the QA web's mod
 in process (cached in bench/out/, as answer_recall's).
 
     .venv/bin/python bench/prefilter_recall.py [--questions 200] [--seeds 0,1] [--write]
+        [--rows TEXT]  (only the rows whose name holds TEXT, besides "every chunk")
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from webctx.models import BundleStats  # noqa: E402
 from webctx.settings import ChunkSettings, PrefilterSettings  # noqa: E402
 from webctx.stages.bundle import build_bundle  # noqa: E402
 from webctx.stages.chunk import chunk_page  # noqa: E402
-from webctx.stages.compose import fuse_selected  # noqa: E402
+from webctx.stages.compose import fit_to_speed, fuse_selected  # noqa: E402
 from webctx.stages.prefilter import select_candidates  # noqa: E402
 from webctx.stages.rank import rank_chunks  # noqa: E402
 
@@ -51,6 +52,11 @@ ROWS: dict[str, PrefilterSettings] = {
     "BM25 top 1024 + 8 per page + neighbours of top 128": PrefilterSettings(
         chunks=1024, per_page=8, neighbours=128),
 }  # fmt: skip
+NARROWED = (640, 512, 384, 256)
+"""The default pass narrowed as a slow model's rank narrows it (`narrow_pass`) to at most
+this many chunks, none embedded ahead (the worst case: a job whose pages all came at once)."""
+for _n in NARROWED:
+    ROWS[f"default narrowed to {_n} chunks"] = PrefilterSettings(embed_budget_s=float(_n))
 
 
 def _score_job(job: Job, embedder: CachedMiniLM, tallies: dict[str, Tally],
@@ -67,6 +73,9 @@ def _score_job(job: Job, embedder: CachedMiniLM, tallies: dict[str, Tally],
         lexical = select_candidates(question, chunks, limit=prefilter.chunks,
                                     per_page=prefilter.per_page,
                                     neighbours=prefilter.neighbours)  # fmt: skip
+        if name.startswith("default narrowed"):  # at 1 chunk a second for budget_s seconds
+            lexical = fit_to_speed(lexical, chunks, prefilter=prefilter, chunks_per_s=1.0,
+                                   embedded=lambda _: set())  # fmt: skip
         candidates = fuse_selected(
             vectors[0], [chunks[i] for i in lexical.selected],
             [vectors[i + 1] for i in lexical.selected],
@@ -87,7 +96,10 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=200)
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--rows", default="", help="only rows whose name holds this text")
     args = parser.parse_args()
+    for name in [n for n in ROWS if args.rows not in n and "every chunk" not in n]:
+        del ROWS[name]
     loaded = shared_qa()
     if loaded is None:
         return

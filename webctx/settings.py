@@ -17,6 +17,7 @@ from webctx.env_names import ConfigFileSource, RenamedEnvSource
 from webctx.fetch_settings import FetchSettings as FetchSettings
 from webctx.fetch_settings import RenderSettings as RenderSettings
 from webctx.fetch_settings import agent_has_token as agent_has_token
+from webctx.prefilter_settings import PrefilterSettings as PrefilterSettings
 from webctx.protocols import VectorDatatype
 from webctx.search_settings import ChainSpec, SearchProviderGroups, VendorKeySource
 
@@ -82,34 +83,6 @@ class EmbedSettings(_Group):
     local_threads: int | None = Field(default=None, ge=1)
     """ONNX Runtime (or OpenVINO) threads per embedder; unset: the cores this process may use.
     Lower it when several worker processes share few cores."""
-
-
-class PrefilterSettings(_Group):
-    """The lexical first pass of a one-off job (WEBCTX_PREFILTER__<NAME>): only the chunks
-    the ranker can reach are embedded before the bundle, the rest afterwards for the index
-    (webctx.stages.prefilter; measured in docs/benchmarks.md)."""
-
-    when: Literal["local", "always", "never"] = "local"
-    """`local`: when the embedder runs in this process (the local model: every chunk costs
-    CPU time); `always`: with an embeddings API too (fewer tokens for the same wait); `never`:
-    every chunk of every page is embedded as its page arrives. Batch items' pages always are.
-    Afterwards the pages are embedded and stored whole for the index (`webctx.index_later`,
-    store queue, low priority; in the embedded default, by the local service)."""
-    chunks: int = Field(default=768, ge=0)
-    """The best chunks by BM25 over all the job's chunks."""
-    per_page: int = Field(default=16, ge=0)
-    """Each page's best chunks by BM25, besides."""
-    neighbours: int = Field(default=256, ge=0)
-    """The chunks next to this many of the best BM25 hits, besides. The defaults are the
-    smallest selection measured that kept answer recall at every budget of both seeds
-    (docs/benchmarks.md, `prefilter_recall`): ~900 of ~1,280 chunks of an 8-source job;
-    512/8/128 (~620 chunks) was one question in 200 short at 500 tokens."""
-    ahead: bool = True
-    """Embed each page's chunks the pass is likely to select (its own first pass, with the job's
-    limits shared out per source) into the embedding cache as the page arrives, while other pages
-    download, so rank embeds only the rest. Stops once every page is in; needs the embedding
-    cache (not with the hash embedder). The selection is unchanged: rank still selects over all
-    the job's chunks (webctx.stages.ahead)."""
 
 
 class BatchSettings(_Group):

@@ -229,11 +229,20 @@ def test_unreadable_graph_falls_back_to_onnxruntime_then_torch(
     np.testing.assert_allclose(vectors, torch_vectors[:2], atol=1e-5)
 
 
-def test_warm_loads_the_graph_before_the_first_embed(cache_dir: Path) -> None:
+def test_warm_loads_the_graph_and_measures_its_speed_before_the_first_embed(
+    cache_dir: Path,
+) -> None:
     embedder = OnnxEmbedder(cache_dir=cache_dir, quantized=False)
+    assert embedder.chunks_per_s is None
     embedder.warm()
     assert embedder._runner is not None
     assert embedder.backend == "onnx"
+    measured = embedder.chunks_per_s
+    assert measured is not None and measured > 0  # chunk-sized texts a second
+    embedder.embed(TEXTS[:2])  # too few to say the speed: not counted
+    assert embedder.chunks_per_s == measured
+    embedder.embed(TEXTS * 2)
+    assert embedder.chunks_per_s != measured
 
 
 @pytest.mark.parametrize(("flags", "native"), [

@@ -157,3 +157,36 @@ def test_deferred_indexing_stops_between_pages_when_told_and_a_later_run_does_th
 
 def _no_retry(exc: Exception) -> None:
     raise exc
+
+
+class SlowLocalEmbedder(InProcessEmbedder):
+    """An in-process model that says it embeds `chunks_per_s` chunks a second."""
+
+    def __init__(self, chunks_per_s: float) -> None:
+        super().__init__()
+        self.chunks_per_s = chunks_per_s
+
+
+@pytest.mark.parametrize("chunks_per_s", [2.0, 1000.0])
+def test_rank_embeds_what_the_local_model_s_speed_affords(
+    tmp_path: Path, redis_client: object, chunks_per_s: float
+) -> None:
+    deps = _deps(tmp_path, [], when="local", embed_budget_s=1.0, min_chunks=2)
+    engine = dataclasses.replace(deps.engine, embedder=SlowLocalEmbedder(chunks_per_s))
+    set_deps(dataclasses.replace(deps, engine=engine))
+    try:
+        job_id = deps.jobs.create(JobRequest(question="when did the glacier retreat?"))
+        url_id = next(iter(deps.jobs.set_urls(job_id, ["https://example.org/a"])))
+        page = make_page(text=_TEXT)
+        deps.jobs.save_page(job_id, url_id, page)
+        tasks.rank.run(job_id)
+        bundle = deps.jobs.bundle(job_id)
+        assert bundle is not None and "1850" in bundle.chunks[0].text
+        chunks = len(chunk_page(page, max_tokens=64, overlap_tokens=0))
+        assert bundle.stats.chunks == chunks > 2
+        # 2 chunks a second for 1 s: 2 chunks (and the question); fast: the whole pass
+        expected = 2 if chunks_per_s < 10 else chunks
+        assert bundle.stats.embedded_at_rank == expected + 1
+    finally:
+        set_deps(None)
+        deps.close()

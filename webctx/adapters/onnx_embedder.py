@@ -28,6 +28,7 @@ from typing import Literal, Protocol, cast
 
 import numpy as np
 
+from webctx.adapters.embed_speed import CALIBRATION, EmbedSpeed
 from webctx.adapters.local_embedder import _INSTALL_HINT, MODEL, PROVIDER, LocalEmbedder
 from webctx.errors import ConfigError, ProviderError
 from webctx.protocols import Embeddings
@@ -150,6 +151,7 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self.backend = "openvino-bf16" if runtime == "openvino" else (
             "onnx-int8" if quantized else "onnx")  # fmt: skip
+        self.speed = EmbedSpeed()
         self._runner: tuple[_Session, object, int] | None = None
         self._fallback: LocalEmbedder | None = None
         self._lock = threading.Lock()
@@ -172,10 +174,17 @@ class OnnxEmbedder:
                     self.backend = "torch"
             return self._runner
 
+    @property
+    def chunks_per_s(self) -> float | None:
+        """Chunks a second this embedder has shown (`EmbedSpeed`), None before `warm`."""
+        return self.speed.chunks_per_s
+
     def warm(self) -> None:
         """Load the graph now (a worker's background thread, ahead of its first embed:
-        the first page of a job then finds it loaded)."""
+        the first page of a job then finds it loaded), then time 32 chunk-sized texts:
+        the speed the first job's rank is sized to."""
         self.embed(["warm"])
+        self.embed(CALIBRATION)
 
     def _open(self) -> tuple[_Session, object, int]:
         try:
@@ -218,10 +227,12 @@ class OnnxEmbedder:
         runner = self._load()
         if runner is None:
             assert self._fallback is not None
-            return self._fallback.embed(texts)
+            with self.speed.timing(len(texts)):
+                return self._fallback.embed(texts)
         session, tokenizer, _ = runner
         try:
-            array = _encode(session, tokenizer, texts, self.batch_size)
+            with self.speed.timing(len(texts)):
+                array = _encode(session, tokenizer, texts, self.batch_size)
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ProviderError(PROVIDER, f"onnx run failed: {exc}") from exc
         return Embeddings(array.astype(np.float64).tolist())

@@ -264,6 +264,7 @@ def _answer_prefiltered(
         prefilter=settings.prefilter, cache=engine.cache, limiter=engine.limiter,
         question_vector=_question_ahead(engine, job_id, request.question),
         retrievals=engine.jobs.retrievals(job_id),
+        chunks_per_s=getattr(engine.embedder, "chunks_per_s", None),
     )  # fmt: skip
 
 

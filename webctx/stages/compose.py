@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,11 +21,13 @@ from webctx.stages.embed import (
     parallel_requests,
 )
 from webctx.stages.facets import split_facets
-from webctx.stages.prefilter import select_candidates
+from webctx.stages.prefilter import LexicalPass, narrow_pass, select_candidates
 from webctx.stages.rank import RRF_K, fuse_lexical, ranks_by_score, rrf
 from webctx.stages.shares import Packed, cover_bundle, facet_pools_by_text, pack_facets
 from webctx.stages.sparse import TermCounts
 from webctx.stages.store import make_points, store_chunks, vector_lookup
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -296,10 +299,12 @@ def prefilter_candidates(
     cache: EmbeddingCache | None = None,
     limiter: RedisRateLimiter | None = None,
     question_vector: Sequence[float] | None = None,
+    chunks_per_s: float | None = None,
 ) -> Prefiltered:
     """Chunk the job's pages, keep the chunks BM25 (over all of them) says the ranker can
     reach, embed those (and the question, unless given) in as few requests as the caps
-    allow, and fuse their cosine and BM25 ranks as `fuse_lexical` does."""
+    allow, and fuse their cosine and BM25 ranks as `fuse_lexical` does. `chunks_per_s`:
+    an in-process model's speed, to which the pass is narrowed (`fit_to_speed`)."""
     size, overlap = chunking.max_tokens, chunking.overlap_tokens
     chunks = [
         c for p in pages.values() for c in chunk_page(p, max_tokens=size, overlap_tokens=overlap)
@@ -308,6 +313,9 @@ def prefilter_candidates(
         question, chunks, limit=prefilter.chunks, per_page=prefilter.per_page,
         neighbours=prefilter.neighbours,
     )  # fmt: skip
+    if chunks_per_s is not None:
+        lexical = fit_to_speed(lexical, chunks, prefilter=prefilter, chunks_per_s=chunks_per_s,
+                               embedded=lambda ts: _cached(ts, embedder, cache))  # fmt: skip
     chosen = [chunks[i] for i in lexical.selected]
     texts = [c.text for c in chosen]
     if question_vector is None:
@@ -322,6 +330,44 @@ def prefilter_candidates(
     bm25 = [lexical.scores[i] for i in lexical.selected]
     candidates = fuse_selected(question_vector, chosen, vectors, bm25, pages)
     return Prefiltered(candidates, deferred=len(lexical.deferred))
+
+
+def fit_to_speed(
+    lexical: LexicalPass,
+    chunks: Sequence[Chunk],
+    *,
+    prefilter: PrefilterSettings,
+    chunks_per_s: float,
+    embedded: Callable[[list[str]], set[int]],
+) -> LexicalPass:
+    """The pass narrowed (`narrow_pass`) to the chunks a model embedding `chunks_per_s`
+    can embed within `prefilter.embed_budget_s` (at least `min_chunks`); the chunks of
+    the full pass already `embedded` (positions among the texts given) are free."""
+    if not prefilter.embed_budget_s:
+        return lexical
+    affordable = max(prefilter.min_chunks, int(prefilter.embed_budget_s * chunks_per_s))
+    if len(lexical.selected) <= affordable:
+        return lexical
+    found = embedded([chunks[i].text for i in lexical.selected])
+    narrowed = narrow_pass(
+        lexical, chunks, limit=prefilter.chunks, per_page=prefilter.per_page,
+        neighbours=prefilter.neighbours, affordable=affordable,
+        embedded={lexical.selected[n] for n in found},
+    )  # fmt: skip
+    logger.info("first pass narrowed to the model's speed", extra={
+        "chunks_per_s": round(chunks_per_s), "affordable": affordable,
+        "selected": len(lexical.selected), "kept": len(narrowed.selected),
+        "embedded_ahead": len(found)})  # fmt: skip
+    return narrowed
+
+
+def _cached(texts: list[str], embedder: Embedder, cache: EmbeddingCache | None) -> set[int]:
+    """Positions of `texts` whose vectors `cache` holds for `embedder`'s model."""
+    if cache is None:
+        return set()
+    dimensions: int | None = getattr(embedder, "dimensions", None)
+    found = cache.get_many(embedder.model, dimensions, texts)
+    return {n for n, vector in enumerate(found) if vector is not None}
 
 
 def fuse_selected(
@@ -374,6 +420,7 @@ def answer_prefiltered(
     question_vector: Sequence[float] | None = None,
     retrievals: Mapping[str, Retrieval] | None = None,
     facets: Sequence[str] | None = None,
+    chunks_per_s: float | None = None,
 ) -> Bundle:
     """A one-off job's bundle from its pages alone: `prefilter_candidates`, then pack and
     cite as `answer_question` does. The vector store is not read (nor written: the pages
@@ -381,7 +428,7 @@ def answer_prefiltered(
     found = prefilter_candidates(
         question=question, pages=pages, stats=stats, embedder=embedder, chunking=chunking,
         embedding=embedding, prefilter=prefilter, cache=cache, limiter=limiter,
-        question_vector=question_vector,
+        question_vector=question_vector, chunks_per_s=chunks_per_s,
     )  # fmt: skip
     facets = split_facets(question) if facets is None else list(facets)
     pools = [found.candidates]

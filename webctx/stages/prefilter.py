@@ -15,7 +15,7 @@ Measured in bench/latency.py and bench/answer_recall.py (docs/benchmarks.md).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from webctx.models import Chunk
@@ -47,6 +47,14 @@ def select_candidates(
     if limit < 0 or per_page < 0 or neighbours < 0:
         raise ValueError("limit, per_page and neighbours must not be negative")
     scores = bm25_scores(question, [c.text for c in chunks])
+    return _select(scores, chunks, limit=limit, per_page=per_page, neighbours=neighbours)
+
+
+def _select(
+    scores: Sequence[float], chunks: Sequence[Chunk], *, limit: int, per_page: int,
+    neighbours: int,
+) -> LexicalPass:  # fmt: skip
+    """The pass's split of `chunks` for the BM25 `scores` (see `select_candidates`)."""
     order = sorted(range(len(chunks)), key=lambda i: (-scores[i], i))
     chosen = set(order[:limit])
     by_page: dict[str, list[int]] = defaultdict(list)
@@ -57,7 +65,41 @@ def select_candidates(
     chosen.update(_neighbours(chunks, order[:neighbours]))
     selected = sorted(chosen)
     deferred = [i for i in range(len(chunks)) if i not in chosen]
-    return LexicalPass(scores=scores, selected=selected, deferred=deferred)
+    return LexicalPass(scores=list(scores), selected=selected, deferred=deferred)
+
+
+def narrow_pass(
+    full: LexicalPass,
+    chunks: Sequence[Chunk],
+    *,
+    limit: int,
+    per_page: int,
+    neighbours: int,
+    affordable: int,
+    embedded: Set[int] = frozenset(),
+) -> LexicalPass:
+    """`full` (the pass at `limit`/`per_page`/`neighbours`) cut to at most `affordable`
+    chunks still to embed: the three scaled down together, by the largest factor found
+    (bisection) that fits, plus every chunk of `full` already `embedded` (free). `full`
+    itself when it fits. The scaled pass is the one the recall benchmark measures at that
+    size (bench/prefilter_recall.py), and its chunks are the best of `full` by BM25 rank,
+    by rank within each page and next to the best hits alike."""
+    if sum(1 for i in full.selected if i not in embedded) <= affordable:
+        return full
+    fits = LexicalPass(scores=full.scores, selected=[], deferred=list(range(len(chunks))))
+    low, high = 0.0, 1.0
+    for _ in range(10):  # 1/1024 of the knobs: finer than one chunk of a job's selection
+        scale = (low + high) / 2
+        tried = _select(full.scores, chunks, limit=round(limit * scale),
+                        per_page=round(per_page * scale),
+                        neighbours=round(neighbours * scale))  # fmt: skip
+        if sum(1 for i in tried.selected if i not in embedded) <= affordable:
+            fits, low = tried, scale
+        else:
+            high = scale
+    keep = set(fits.selected) | (embedded & set(full.selected))
+    return LexicalPass(scores=full.scores, selected=sorted(keep),
+                       deferred=[i for i in range(len(chunks)) if i not in keep])  # fmt: skip
 
 
 def _neighbours(chunks: Sequence[Chunk], hits: Sequence[int]) -> set[int]:
