@@ -449,7 +449,7 @@ def main() -> None:
                         help="only lever rows whose name contains NAME (repeatable)")  # fmt: skip
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--only-levers", action="store_true",
-                        help="the lever rows alone, without the four main rows")  # fmt: skip
+                        help="the lever rows alone (printed, never written)")  # fmt: skip
     parser.add_argument(
         "--hosts",
         type=int,
@@ -489,7 +489,7 @@ def main() -> None:
         f"0.2-2 s each; embeddings endpoint {EMBED_LATENCY_S} s per request. Measured under "
         f"{loads[0]} at the start and {loads[-1]} at the end (the machine is shared: "
         "compare rows of this run, not absolute seconds). Stage seconds overlap.\n\n"
-        f"{HEADER}\n{main_rows}\n"
+        + (f"{HEADER}\n{main_rows}\n" if main_rows else "")
     )
     if args.levers or args.only_levers:
         lever_rows = "\n".join(row(c, r) for c, r in results if c not in MAIN)
@@ -497,7 +497,7 @@ def main() -> None:
             f"\nLevers (one setting changed from the defaults above):\n\n{HEADER}\n{lever_rows}\n"
         )
     print(text)  # noqa: T201
-    if args.write:
+    if args.write and not args.only_levers:  # the section leads with the main rows
         write_section("latency", text)
 
 
