@@ -41,7 +41,9 @@ class PrefilterSettings(BaseModel):
     speed (chunks a second) the model has shown in this process, measured when it loads and
     on every embedding since. A pass that would take longer is narrowed to fit: `chunks`,
     `per_page` and `neighbours` scaled down together; chunks already embedded while pages
-    downloaded cost nothing and stay. 0: never narrowed. On a CPU that runs the model
-    fast (bf16 or VNNI int8) the default pass fits and nothing changes."""
+    downloaded cost nothing and stay. 0: never narrowed. The default pass (~900 chunks of
+    an 8-source job) fits at about 460 chunks a second (bf16 in hardware on an idle machine)
+    and nothing changes; narrowed to 512-640 chunks, answer recall was one question in 200
+    lower at 500 tokens, at the 256-chunk floor up to three (docs/benchmarks.md)."""
     min_chunks: int = Field(default=256, ge=0)
     """The narrowed pass embeds at least this many chunks, however slow the CPU."""
