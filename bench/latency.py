@@ -1,30 +1,30 @@
-"""How close a research job comes to its critical path, with an embeddings API and with
-the local model, side by side in one run (issue #22).
+"""How close a research job comes to its critical path, with an embeddings API and with the
+local model, side by side in one run (issue #22).
 
 The held-out QA web: the SQuAD pages of shared/data/qa served on loopback, each page on a
 loopback address of its own (`--hosts N`: N addresses shared round-robin), so a job's 20
 sources are on 20 hosts as the issue measured them (per-host delay off), each answering
 after 0.2-2 s (a fixed delay per page, drawn from its path); a SearxNG-compatible BM25
 search over them; an OpenAI-compatible embeddings endpoint (webctx.devweb.embeddings,
-vectors of all-MiniLM-L6-v2 from the bench/out/ cache) answering each request after
-0.3 s. Questions: held out from bench/answer_recall.py's seeds 0 and 1.
+vectors of all-MiniLM-L6-v2 from the bench/out/ cache) answering each request after 0.3 s.
+Questions: held out from bench/answer_recall.py's seeds 0 and 1.
 
-Each job is `webctx research` on the embedded default, cold (a new data directory: no
-page, search or embedding cache), timed from the command's start (CLI wall) and by the
-bundle (job time, stages). Each question runs three times, each time in a new data
-directory: once with the local service started beforehand (`webctx service start`, then
-its worker ready; the job time, stages and first CLI wall come from this run), once as
-the first call, which starts the service itself (its CLI wall and job time in the "first
-call" columns), and once through the HTTP API as an agent's client would call it (`webctx
-api` and its service started beforehand, then one `POST /v1/context`, timed from the
-request to the bundle: the "HTTP API" columns, without the CLI's interpreter and imports).
-Paths: the API (OPENAI_BASE_URL set) and the local model (nothing set:
-all-MiniLM-L6-v2 in process on the `auto` backend: OpenVINO bf16 on a CPU that multiplies
-bf16, AMX or AVX512-BF16, else ONNX Runtime fp32). The critical path of a job is its slowest
-page, plus one embeddings round trip on the API path; the per-host bound is the same
-with each host's pages on its `WEBCTX_FETCH__PER_HOST_CONCURRENCY` (2) connections, in
-the best order (with `--hosts` below the pages, a job's pages can share a host). Rows with
-levers (`--levers`, or only those named `--lever NAME`) set the named WEBCTX_ variables.
+Each job is `webctx research` on the embedded default, cold (a new data directory: no page,
+search or embedding cache), timed from the command's start (CLI wall) and by the bundle (job
+time, stages). Each question runs three times, each time in a new data directory: once with
+the local service started beforehand (`webctx service start`, then its worker ready; the job
+time, stages and first CLI wall come from this run), once as the first call, which starts
+the service itself (its CLI wall and job time in the "first call" columns), and once through
+the HTTP API as an agent's client would call it (`webctx api` and its service started
+beforehand, then one `POST /v1/context`, timed from the request to the bundle: the "HTTP
+API" columns, without the CLI's interpreter and imports). Paths: the API (OPENAI_BASE_URL
+set) and the local model (nothing set: all-MiniLM-L6-v2 in process on the `auto` backend:
+OpenVINO bf16 on a CPU that multiplies bf16, AMX or AVX512-BF16, else ONNX Runtime fp32).
+The critical path of a job is its slowest page, plus one embeddings round trip on the API
+path; the per-host bound is the same with each host's pages on its
+`WEBCTX_FETCH__PER_HOST_CONCURRENCY` (2) connections, in the best order (with `--hosts`
+below the pages, a job's pages can share a host). Rows with levers (`--levers`, or only
+those named `--lever NAME`) set the named WEBCTX_ variables.
 
     WEBCTX_BENCH_LOCAL_BACKEND=onnx .venv/bin/python bench/latency.py [--questions 5]
         [--levers [--lever NAME ...] [--lever-questions 2]] [--only-levers] [--write]
@@ -409,28 +409,24 @@ HEADER = (
     "| plan | search | fetch | embed | store | rank | chunks | tokens embedded | embed requests "
     "| chunks embedded ahead / at rank | answer in bundle |\n" + "|---" * 25 + "|"
 )
-MAIN = [
-    Config("API", True, 8), Config("API", True, 20),
-    Config("local model", False, 8), Config("local model", False, 20),
-]  # fmt: skip
-OFF = (("WEBCTX_PREFILTER__WHEN", "never"),)
-SLOW = (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"), ("WEBCTX_EMBED__LOCAL_THREADS", "1"))
+MAIN = [Config("API", True, 8), Config("API", True, 20), Config("local model", False, 8),
+        Config("local model", False, 20)]  # fmt: skip
+OFF, ONNX = (("WEBCTX_PREFILTER__WHEN", "never"),), (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"),)
+INT8 = (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx-int8"),)
+NARROW_OFF = ("WEBCTX_PREFILTER__EMBED_BUDGET_S", "0")
+SLOW = (*ONNX, ("WEBCTX_EMBED__LOCAL_THREADS", "1"))  # no bf16 nor VNNI: slower than here
 LEVERS = [
     Config("API, first pass always", True, 20, (("WEBCTX_PREFILTER__WHEN", "always"),)),
     Config("API, 8 task threads", True, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
     Config("local model, no first pass", False, 8, OFF),
-    Config("local model, no page embedded ahead", False, 8,
-           (("WEBCTX_PREFILTER__AHEAD", "false"),)),
+    Config("local model, no page embedded ahead", False, 8, (("WEBCTX_PREFILTER__AHEAD", "0"),)),
     Config("local model, 8 task threads", False, 20, (("WEBCTX_WORKER_CONCURRENCY", "8"),)),
-    Config("local model int8", False, 20, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx-int8"),)),
-    Config("local model, ONNX Runtime fp32", False, 8, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"),)),
-    Config("local model, ONNX Runtime fp32", False, 20,
-           (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx"),)),
-    Config("local model int8", False, 8, (("WEBCTX_EMBED__LOCAL_BACKEND", "onnx-int8"),)),
-    # One thread of fp32: a CPU without bf16 or VNNI, slower than the one present.
+    Config("local model int8", False, 20, INT8),
+    Config("local model, ONNX Runtime fp32", False, 8, ONNX),
+    Config("local model, ONNX Runtime fp32", False, 20, ONNX),
+    Config("local model int8", False, 8, INT8),
     Config("local model, slow CPU (fp32, 1 thread)", False, 8, SLOW),
-    Config("local model, slow CPU (fp32, 1 thread), pass never narrowed", False, 8,
-           (*SLOW, ("WEBCTX_PREFILTER__EMBED_BUDGET_S", "0"))),
+    Config("local model, slow CPU, never narrowed", False, 8, (*SLOW, NARROW_OFF)),
 ]  # fmt: skip
 
 
@@ -448,8 +444,7 @@ def main() -> None:
     parser.add_argument("--lever", action="append", default=[], metavar="NAME",
                         help="only lever rows whose name contains NAME (repeatable)")  # fmt: skip
     parser.add_argument("--write", action="store_true")
-    parser.add_argument("--only-levers", action="store_true",
-                        help="the lever rows alone (printed, never written)")  # fmt: skip
+    parser.add_argument("--only-levers", action="store_true", help="lever rows alone, unwritten")
     parser.add_argument(
         "--hosts",
         type=int,

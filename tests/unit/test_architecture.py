@@ -42,6 +42,7 @@ FLOORS: list[set[str]] = [
         "webctx.admission_settings",
         "webctx.fetch_settings",
         "webctx.search_settings",
+        "webctx.prefilter_settings",
         "webctx.settings",
         "webctx.devweb",
     },
