@@ -30,7 +30,7 @@ from webctx.errors import (
     TooManyRequests,
     Unauthorized,
 )
-from webctx.jobs.admission import Caps, Slot
+from webctx.jobs.admission import Slot, admission_caps
 from webctx.jobs.store import JobProgress, JobStore
 from webctx.jobs.tenants import TenantStore
 from webctx.models import JobRequest, JobStatus
@@ -115,12 +115,13 @@ def _warm_submission() -> None:
 def open_runtime(settings: Settings) -> Iterator[Runtime]:
     """The runtime for `settings`: its stores on the broker's Redis, or with no broker
     on the local service's Valkey (the service started if none runs)."""
-    from webctx.workers.app import job_observers
+    from webctx.workers.app import job_observers, publish_held
     from webctx.workers.deps import state_stores
 
     # The API's job store tells the same observers as a worker's: the metrics it serves,
-    # and the batch feeder when a cancel ends a batch item's job.
-    stores = state_stores(settings, observers=job_observers())
+    # and the batch feeder when a cancel ends a batch item's job; a cancel that frees a
+    # slot sends the tenant's next held job.
+    stores = state_stores(settings, observers=job_observers(), publish=publish_held)
     try:
         yield Runtime(settings, stores)
     finally:
@@ -197,7 +198,9 @@ def _submit(
             _check_same_request(runtime, claimed, request)
             return claimed, False
     try:
-        slot = runtime.jobs.admission.admit(caller.tenant, job_id, admission_caps(runtime.settings))
+        gate = runtime.jobs.admission
+        slot = gate.admit(caller.tenant, job_id, admission_caps(runtime.settings))
+        behind = runtime.settings.admission.queued_priority if slot is Slot.BEHIND else None
         try:
             submit_job(
                 runtime.jobs,
@@ -206,8 +209,11 @@ def _submit(
                 job_id=job_id,
                 tenant=caller.tenant,
                 max_stored_bytes=limit,
-                priority=None if slot is Slot.FRONT else runtime.settings.admission.queued_priority,
+                priority=behind,
+                held=slot is Slot.HELD,
             )
+            if slot is Slot.HELD:  # recorded: a freed slot may take it from now on
+                gate.hold(caller.tenant, job_id)
         except Exception:  # not started (the quota, the broker): nothing holds its slot
             runtime.jobs.admission.release(caller.tenant, job_id)
             raise
@@ -217,14 +223,6 @@ def _submit(
         raise
     logger.info("job submitted", extra={"job_id": job_id, "tenant": caller.tenant})
     return job_id, True
-
-
-def admission_caps(settings: Settings) -> Caps:
-    """A tenant's admission caps under `settings` (WEBCTX_ADMISSION__*)."""
-    cfg = settings.admission
-    lapse_s = settings.job_timeout_s + cfg.hold_s
-    return Caps(running=cfg.running, queued=cfg.queued, retry_after_s=cfg.retry_after_s,
-                lapse_s=lapse_s)  # fmt: skip
 
 
 def _check_same_request(runtime: Runtime, job_id: str, request: JobRequest) -> None:

@@ -79,8 +79,14 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "the tenant's unfinished jobs at the front of the queues, by when their "
               "slots lapse (WEBCTX_ADMISSION__RUNNING)"),
     KeyFamily("webctx:tenant:{tenant}:behind", "webctx.jobs.admission", "ttl", "tenant",
-              "the tenant's unfinished jobs queued behind the front ones, by when their "
+              "the tenant's unfinished jobs admitted past the front ones, not yet held "
+              "(or queued behind them with WEBCTX_ADMISSION__HOLD=false), by when their "
               "slots lapse (WEBCTX_ADMISSION__QUEUED)"),
+    KeyFamily("webctx:tenant:{tenant}:held", "webctx.jobs.admission", "ttl", "tenant",
+              "the tenant's recorded jobs waiting for a front slot, none of their tasks "
+              "sent, by when their slots lapse (oldest first)"),
+    KeyFamily("webctx:admission:held", "webctx.jobs.admission", "ttl", "shared",
+              "the tenants with held jobs (the admission reconciler's list)"),
     KeyFamily("webctx:tenant:{tenant}:batches", _BATCHES, "ttl", "tenant",
               "the tenant's batch ids by when their records expire (ids by prefix)"),
     KeyFamily("webctx:idem:{tenant}:{digest}", _JOBS, "ttl", "tenant",

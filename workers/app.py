@@ -51,6 +51,12 @@ def start_tasks(stage: str, arguments: Sequence[tuple[str | int, ...]]) -> None:
         group(signatures).apply_async()
 
 
+def publish_held(job_id: str) -> None:
+    """Send a held job's plan task at the front (webctx.jobs.admission moved it into a slot);
+    its watchdog was sent at its submission."""
+    app.signature("webctx.plan", args=(job_id,)).apply_async(priority=broker_priority(None))
+
+
 def _feed_soon(batch_id: str) -> None:
     """Send the batch's feeder now, ahead of the items' own tasks (priority 0)."""
     app.signature("webctx.batch_feed", args=(batch_id,)).apply_async(priority=broker_priority(0))
@@ -71,7 +77,8 @@ def worker_deps() -> Deps:
     global _deps
     with _deps_lock:
         if _deps is None:
-            _deps = build_deps(get_settings(), start=start_tasks, observers=job_observers())
+            _deps = build_deps(get_settings(), start=start_tasks, observers=job_observers(),
+                               publish=publish_held)  # fmt: skip
         return _deps
 
 

@@ -129,9 +129,17 @@ beat_schedule = {
         "task": "webctx.index.tick",
         "schedule": _settings.index.tick_s,
         "options": {"expires": _settings.index.tick_s},  # a backlog of ticks is pointless
-    }
+    },
+    # Held jobs of tenants with free slots (freed by a process that sends no tasks, or
+    # lapsed) are published here: idempotent, so a doubled beat only doubles the ticks.
+    "webctx-admission-tick": {
+        "task": "webctx.admission_tick",
+        "schedule": _settings.admission.tick_s,
+        "options": {"expires": _settings.admission.tick_s},
+    },
 }
 task_routes["webctx.batch_feed"] = {"queue": "rank"}
+task_routes["webctx.admission_tick"] = {"queue": "rank"}
 task_inherit_parent_priority = True  # a batch item's tasks all keep its low priority
 imports = ["webctx.workers.batch"]  # the batch feeder task and its job observer
 worker_hijack_root_logger = False

@@ -16,6 +16,7 @@ from webctx.errors import BlockedURL, ConfigError, InvalidRequest
 from webctx.index.page_records import PageRecords
 from webctx.index.runs import RefreshRuns
 from webctx.index.sources import SourceRegistry
+from webctx.jobs.admission import Publish, admission_caps
 from webctx.jobs.batches import BatchStore
 from webctx.jobs.caches import PageCache, SearchCache, StoredPages
 from webctx.jobs.embed_cache import RedisEmbeddingCache
@@ -88,16 +89,26 @@ class StateStores:
         self.jobs.close()
 
 
-def state_stores(settings: Settings, *, observers: Sequence[JobObserver] = ()) -> StateStores:
-    """The key owners on a client of the state Redis; the job store tells `observers`."""
-    return stores_on(state_client(settings), settings, observers=observers)
+def state_stores(
+    settings: Settings, *, observers: Sequence[JobObserver] = (), publish: Publish | None = None
+) -> StateStores:
+    """The key owners on a client of the state Redis; the job store tells `observers`, and
+    sends held jobs into the slots it frees through `publish` (webctx.jobs.admission)."""
+    return stores_on(state_client(settings), settings, observers=observers, publish=publish)
 
 
 def stores_on(
-    client: redis.Redis, settings: Settings, *, observers: Sequence[JobObserver] = ()
+    client: redis.Redis,
+    settings: Settings,
+    *,
+    observers: Sequence[JobObserver] = (),
+    publish: Publish | None = None,
 ) -> StateStores:
-    """The key owners on `client`."""
+    """The key owners on `client`; with `publish`, a slot its job store frees sends the
+    tenant's next held job (else beat's reconciler does, webctx.jobs.admission)."""
     jobs = JobStore(client, ttl_s=settings.job_ttl_s, observers=observers)
+    if publish is not None:
+        jobs.admission.serve(admission_caps(settings), publish)
     return StateStores(jobs=jobs, batches=BatchStore(client, jobs), tenants=TenantStore(client),
                        sources=SourceRegistry(client), runs=RefreshRuns(client),
                        records=PageRecords(client),
@@ -360,11 +371,18 @@ def build_store(settings: Settings) -> VectorStore:
     return EdgeVectorStore(settings.qdrant_path, datatype=settings.qdrant_vector_datatype)
 
 
-def build_deps(settings: Settings, *, start: Start, observers: Sequence[JobObserver] = ()) -> Deps:
+def build_deps(
+    settings: Settings,
+    *,
+    start: Start,
+    observers: Sequence[JobObserver] = (),
+    publish: Publish | None = None,
+) -> Deps:
     """Every collaborator for `settings`: the job store tells `observers` of its facts, the
-    fan-in sends a stage's tasks through `start` (the worker's app)."""
+    fan-in sends a stage's tasks through `start` and held jobs through `publish` (the
+    worker's app)."""
     state = state_client(settings)
-    stores = stores_on(state, settings, observers=observers)
+    stores = stores_on(state, settings, observers=observers, publish=publish)
     return Deps(settings=settings, stores=stores,
                 engine=build_engine(settings, stores, state=state, start=start))  # fmt: skip
 

@@ -25,19 +25,22 @@ def submit_job(
     batch: str | None = None,
     priority: int | None = None,
     max_stored_bytes: int = 0,
+    held: bool = False,
 ) -> str:
     """Record a job, start its plan task and its deadline watchdog; return the job id.
 
     `priority` (batch items) is inherited by every task the job's tasks start
     (`task_inherit_parent_priority`), so a worker serves interactive jobs first.
     QuotaExceeded, and nothing started, if the tenant's jobs would hold more than
-    `max_stored_bytes` (0: no limit; webctx.jobs.quota).
+    `max_stored_bytes` (0: no limit; webctx.jobs.quota). A `held` job (admission) gets its
+    watchdog only: the app's `publish_held` sends its plan task once it has a slot.
     """
     job_id = jobs.create(
         request, job_id=job_id, tenant=tenant, batch=batch, max_stored_bytes=max_stored_bytes
     )
     priority = broker_priority(priority)
-    app.signature("webctx.plan", args=(job_id,)).apply_async(priority=priority)
+    if not held:
+        app.signature("webctx.plan", args=(job_id,)).apply_async(priority=priority)
     app.signature("webctx.rank", args=(job_id,), kwargs={"force": True}).apply_async(
         countdown=timeout_s, priority=priority
     )

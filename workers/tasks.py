@@ -79,3 +79,13 @@ def index_later(self: StageTask, job_id: str, url_id: str | None = None) -> str:
     if not done:
         self.apply_async(args=(job_id,), countdown=deferred.RESEND_S)
     return job_id
+
+
+@app.task(name="webctx.admission_tick")
+def admission_tick() -> int:
+    """Publish the held jobs of every tenant with free slots (webctx.jobs.admission)."""
+    from webctx.jobs.admission import admission_caps
+    from webctx.workers.app import publish_held
+
+    deps = worker_deps()
+    return len(deps.stores.jobs.admission.reconcile(admission_caps(deps.settings), publish_held))

@@ -1,11 +1,15 @@
 """Per-tenant admission over real HTTP: a `webctx api` process, Redis, one `webctx
 worker` thread started once the jobs are queued, the loopback web. Tenant gamma's batch
 is queued, then tenant alpha's burst, partly refused (429 with Retry-After, the same words
-over MCP and `webctx research`), then tenant beta's one job, which finishes ahead of
-alpha's queued jobs and of the batch's items."""
+over MCP and `webctx research`), the rest held with no task in the queues but RUNNING's,
+then tenant beta's one job, which finishes ahead of alpha's held jobs and of the batch's
+items."""
 
 from __future__ import annotations
 
+import ast
+import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +26,8 @@ from tests.integration.conftest import ApiProcess
 from tests.testweb import LoopbackWeb
 from webctx.jobs.store import JobStore
 from webctx.jobs.tenants import TenantStore
+from webctx.models import JobStatus
+from webctx.workers.celeryconfig import queue_lists
 
 RUNNING, QUEUED = 1, 4
 SMALL = {"max_sources": 2, "top_k": 4, "token_budget": 600}
@@ -39,6 +45,46 @@ def _post_all(url: str, key: str, questions: list[str]) -> list[httpx.Response]:
 
     with ThreadPoolExecutor(len(questions)) as pool:  # all at once, as a burst does
         return list(pool.map(post, questions))
+
+
+def _jobs_with_tasks(client: redis.Redis) -> set[str]:
+    """The jobs with a task in the broker: waiting in a queue, or reserved by a worker
+    (kombu's `unacked`); deadline watchdogs (`rank`, force) not counted."""
+    raw = [m for name in queue_lists() for m in client.lrange(name, 0, -1)]  # type: ignore[union-attr]
+    raw += [json.dumps(json.loads(m)[0]) for m in client.hvals("unacked")]  # type: ignore[union-attr]
+    found = set()
+    for message in raw:
+        headers = json.loads(message)["headers"]
+        if "force" not in str(headers.get("kwargsrepr", "")):
+            args = ast.literal_eval(headers["argsrepr"])
+            found.add(str(args[0]))
+    return found
+
+
+class MostAtOnce:
+    """Samples, until stopped, how many of `jobs` have a task queued or running at once:
+    the broker's messages first, then the statuses (a job ended by then is not counted)."""
+
+    def __init__(self, client: redis.Redis, jobs: list[str]) -> None:
+        self.client, self.jobs, self.most, self.samples = client, jobs, 0, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        store = JobStore(self.client)
+        while not self.stop.is_set():
+            with_tasks = _jobs_with_tasks(self.client)
+            statuses = {j: store.status(j) for j in self.jobs}
+            active = [j for j, s in statuses.items() if s is JobStatus.RUNNING
+                      or (s is JobStatus.QUEUED and j in with_tasks)]  # fmt: skip
+            self.most, self.samples = max(self.most, len(active)), self.samples + 1
+            time.sleep(0.05)
+
+    def done(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return self.most
 
 
 async def _mcp_refusal(url: str, key: str) -> str:
@@ -87,9 +133,15 @@ def test_a_tenants_burst_is_capped_and_another_tenants_job_goes_ahead_of_its_que
         assert other[0].status_code == 202, other[0].text
         beta_job = other[0].json()["job_id"]
         alpha_jobs = [r.json()["job_id"] for r in burst if r.status_code == 202]
-
-        start_worker(env, "-c", "1")  # one thread: the queues' order decides who goes first
         jobs = JobStore(redis_client)
+        # Held: RUNNING of alpha's jobs have their plan task queued, the others none at all.
+        queued = _jobs_with_tasks(redis_client)
+        assert len(queued & set(alpha_jobs)) == RUNNING and beta_job in queued, queued
+        held = jobs.admission.held("alpha")
+        assert len(held) == QUEUED and not set(held) & queued, held
+
+        sampler = MostAtOnce(redis_client, alpha_jobs)
+        start_worker(env, "-c", "1")  # one thread: the queues' order decides who goes first
         finished: dict[str, float] = {}
         deadline = time.monotonic() + 240
         everyone = [beta_job, *alpha_jobs, *batch_jobs]
@@ -100,14 +152,16 @@ def test_a_tenants_burst_is_capped_and_another_tenants_job_goes_ahead_of_its_que
                     finished[job_id] = at
             time.sleep(0.5)
         assert len(finished) == len(everyone), finished
+        most, samples = sampler.done(), sampler.samples
         statuses = {j: jobs.status(j).value for j in finished}
         assert set(statuses.values()) == {"succeeded"}, statuses
-        # alpha's first job went in front beside beta's; its four queued ones wait behind
-        # both, so at least three of them end after beta's job (one thread, in order).
-        after = sum(1 for j in alpha_jobs if finished[j] > finished[beta_job])
-        assert after >= QUEUED - 1, finished
+        # At no moment had more than RUNNING of alpha's jobs a task queued or running.
+        assert most == RUNNING and samples > 20, (most, samples)
+        # alpha's first job went beside beta's; its held ones got their tasks only as
+        # alpha's slot freed, so every one of them ends after beta's job.
+        assert all(finished[j] > finished[beta_job] for j in held), finished
         # A batch running keeps its place: its items (queued before every job here) end
-        # after beta's job and after most of alpha's, whose queued tier is still ahead of it.
+        # after beta's job and after most of alpha's, each published at the front in turn.
         assert all(finished[j] > finished[beta_job] for j in batch_jobs), finished
         last_alpha = sorted(finished[j] for j in alpha_jobs)[-2]
         assert sum(1 for j in batch_jobs if finished[j] > last_alpha) >= 2, finished

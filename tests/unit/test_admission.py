@@ -39,7 +39,7 @@ def test_first_jobs_go_in_front_then_behind_then_are_refused_in_one_line(
 ) -> None:
     gate = Admission(redis_client)
     slots = [gate.admit("alpha", f"j{i}", CAPS) for i in range(5)]
-    assert slots == [Slot.FRONT] * 2 + [Slot.BEHIND] * 3
+    assert slots == [Slot.FRONT] * 2 + [Slot.HELD] * 3
     with pytest.raises(TooManyJobs) as refused:
         gate.admit("alpha", "j5", CAPS)
     assert isinstance(refused.value, TooManyRequests)  # a 429 wherever TooManyRequests is
@@ -50,6 +50,8 @@ def test_first_jobs_go_in_front_then_behind_then_are_refused_in_one_line(
     assert "retry in 7 s" in message and "5 unfinished jobs" in message
     assert gate.counts("alpha") == (2, 3)  # the refused job took nothing
     assert gate.admit("beta", "k0", CAPS) is Slot.FRONT  # another tenant's caps are its own
+    tiers = Caps(running=1, queued=1, retry_after_s=7, lapse_s=600, hold=False)
+    assert [gate.admit("gamma", f"g{i}", tiers) for i in range(2)] == [Slot.FRONT, Slot.BEHIND]
 
 
 def test_a_job_admitted_again_keeps_its_slot_and_takes_no_other(
@@ -59,8 +61,8 @@ def test_a_job_admitted_again_keeps_its_slot_and_takes_no_other(
     assert gate.admit("alpha", "j0", CAPS) is Slot.FRONT
     assert gate.admit("alpha", "j0", CAPS) is Slot.FRONT
     assert gate.admit("alpha", "j1", CAPS) is Slot.FRONT
-    assert gate.admit("alpha", "j2", CAPS) is Slot.BEHIND
-    assert gate.admit("alpha", "j2", CAPS) is Slot.BEHIND
+    assert gate.admit("alpha", "j2", CAPS) is Slot.HELD
+    assert gate.admit("alpha", "j2", CAPS) is Slot.HELD
     assert gate.counts("alpha") == (2, 1)
 
 
@@ -85,7 +87,7 @@ def test_concurrent_submitters_never_pass_the_caps_together(redis_client: redis.
         thread.start()
     for thread in threads:
         thread.join()
-    assert slots.count(Slot.FRONT) == 2 and slots.count(Slot.BEHIND) == 3, slots
+    assert slots.count(Slot.FRONT) == 2 and slots.count(Slot.HELD) == 3, slots
     assert slots.count(None) == n - 5
     assert Admission(redis_client).counts("alpha") == (2, 3)
 
@@ -109,7 +111,7 @@ def test_a_finished_job_frees_its_slot_for_the_next(
     jobs.set_status(held[3], end)  # a job waiting behind frees its slot too
     assert jobs.admission.counts("alpha") == (1, 2)
     assert jobs.admission.admit("alpha", "next", CAPS) is Slot.FRONT
-    assert jobs.admission.admit("alpha", "after", CAPS) is Slot.BEHIND
+    assert jobs.admission.admit("alpha", "after", CAPS) is Slot.HELD
 
 
 def test_a_job_without_a_tenant_or_never_admitted_ends_without_touching_slots(
@@ -146,7 +148,8 @@ def test_a_refused_submission_leaves_no_job_and_frees_its_idempotency_key(
     redis_client: redis.Redis,
 ) -> None:
     from webctx.admission_settings import AdmissionSettings
-    from webctx.api.runtime import Caller, admission_caps, open_runtime, submit
+    from webctx.api.runtime import Caller, open_runtime, submit
+    from webctx.jobs.admission import admission_caps
     from webctx.settings import Settings
 
     url = redis_client.connection_pool.connection_kwargs
