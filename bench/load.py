@@ -365,7 +365,9 @@ def machine() -> str:
 
 _OFF = {"WEBCTX_ADMISSION__RUNNING": "100000", "WEBCTX_ADMISSION__QUEUED": "0"}
 SETTINGS = [
-    ("on", "admission on (defaults: RUNNING=2, QUEUED=30)", {}),
+    ("on", "admission on (defaults: RUNNING=2, QUEUED=30, held)", {}),
+    ("tiers", "admission on, not held (HOLD=false: queued at priority 3)",
+     {"WEBCTX_ADMISSION__HOLD": "false"}),
     ("running1", "admission on, RUNNING=1", {"WEBCTX_ADMISSION__RUNNING": "1"}),
     ("running4", "admission on, RUNNING=4", {"WEBCTX_ADMISSION__RUNNING": "4"}),
     ("queued10", "admission on, QUEUED=10", {"WEBCTX_ADMISSION__QUEUED": "10"}),
@@ -378,7 +380,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=60, help="A's burst")
     parser.add_argument("--batch", type=int, default=12, help="C's batch items")
-    parser.add_argument("--settings", default="on,off", help="of: " + ", ".join(
+    parser.add_argument("--settings", default="on,tiers,off", help="of: " + ", ".join(
         key for key, _, _ in SETTINGS))  # fmt: skip
     parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
     args = parser.parse_args()

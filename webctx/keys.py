@@ -87,6 +87,9 @@ FAMILIES: tuple[KeyFamily, ...] = (
               "sent, by when their slots lapse (oldest first)"),
     KeyFamily("webctx:admission:held", "webctx.jobs.admission", "ttl", "shared",
               "the tenants with held jobs (the admission reconciler's list)"),
+    KeyFamily("webctx:admission:front", "webctx.jobs.admission", "ttl", "shared",
+              "every tenant's front jobs as <tenant>/<job>, by when their slots lapse (the "
+              "batch feeder yields to them)"),
     KeyFamily("webctx:tenant:{tenant}:batches", _BATCHES, "ttl", "tenant",
               "the tenant's batch ids by when their records expire (ids by prefix)"),
     KeyFamily("webctx:idem:{tenant}:{digest}", _JOBS, "ttl", "tenant",

@@ -92,6 +92,10 @@ class BatchSettings(_Group):
     """Items of one batch in flight at most (embedded: at most half the worker's threads)."""
     max_inflight: int = Field(default=16, ge=1)
     """Batch items in flight across all batches; split evenly between tenants with batches."""
+    beside_interactive: int = Field(default=1, ge=1)
+    """Items of one batch the feeder keeps in flight at most while other tenants' interactive jobs
+    run (WEBCTX_ADMISSION__RUNNING slots taken), so they keep their latency; items already in
+    flight finish."""
     priority: int = Field(default=9, ge=0, le=9)
     """Broker priority of batch items' tasks, 0 (served first; interactive jobs) to 9, inherited by
     every task of the item; published inverted on RabbitMQ."""

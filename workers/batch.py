@@ -30,6 +30,7 @@ def feed_limits(settings: Settings) -> FeedLimits:
     return FeedLimits(
         concurrency=concurrency,
         max_inflight=settings.batch.max_inflight,
+        beside_interactive=settings.batch.beside_interactive,
         job_timeout_s=settings.job_timeout_s,
         grace_s=max(30.0, 6 * settings.batch.tick_s),
     )

@@ -180,3 +180,33 @@ def test_held_keys_expire_and_a_publish_error_loses_no_other_job(
     jobs.admission.serve(CAPS, sent)
     jobs.set_status(ids[1], JobStatus.SUCCEEDED)
     assert sent.jobs == [*ids[:2], ids[3]]
+
+
+def test_a_batch_feeds_one_item_at_a_time_while_other_tenants_interactive_jobs_run(
+    redis_client: redis.Redis,
+) -> None:
+    from webctx.jobs.batch_items import parse_items
+    from webctx.jobs.batches import BatchStore, FeedLimits
+
+    sent = Sent()
+    jobs = _store(redis_client, sent)
+    batches = BatchStore(redis_client, jobs)
+    lines = [f'{{"id": "q-{i}", "question": "question {i}?"}}' for i in range(6)]
+    batch_id, _ = batches.create("gamma", "nightly", parse_items(lines))
+    fed: list[str] = []
+
+    def submit(job_id: str, request: JobRequest) -> None:
+        jobs.create(request, job_id=job_id, tenant="gamma", batch=batch_id)
+        fed.append(job_id)
+
+    limits = FeedLimits(concurrency=3, max_inflight=8, beside_interactive=1)
+    _submit(jobs, sent, 1, tenant="gamma")  # the batch's own tenant's jobs do not count
+    assert batches.feed(batch_id, submit, limits) == 3
+    jobs.set_status(fed[0], JobStatus.SUCCEEDED)
+    jobs.set_status(fed[1], JobStatus.SUCCEEDED)
+    interactive = _submit(jobs, sent, 1, tenant="beta")
+    assert batches.feed(batch_id, submit, limits) == 0  # one still in flight: no more
+    jobs.set_status(fed[2], JobStatus.SUCCEEDED)
+    assert batches.feed(batch_id, submit, limits) == 1
+    jobs.set_status(interactive[0], JobStatus.SUCCEEDED)  # beta's job ended: full speed
+    assert batches.feed(batch_id, submit, limits) == 2

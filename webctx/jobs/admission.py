@@ -11,8 +11,10 @@ slot lapses (submission + `WEBCTX_JOB_TIMEOUT_S` + `WEBCTX_ADMISSION__HOLD_S`):
                                every tenant's front jobs at `queued_priority`
     webctx:tenant:<t>:held     recorded jobs waiting for a front slot, none of their tasks sent
 
-and `webctx:admission:held` names the tenants with held jobs (the reconciler's list).
-`running` + `queued` caps the three sets together.
+and `webctx:admission:held` names the tenants with held jobs (the reconciler's list);
+`webctx:admission:front` holds every tenant's front jobs (`<tenant>/<job>`), which the batch
+feeder reads to yield to interactive jobs (`interactive_besides`). `running` + `queued` caps
+a tenant's three sets together.
 
 Every change is one Lua script, so concurrent submitters and finishing jobs (several API
 processes, workers, the MCP server, `webctx research`) can neither pass a cap together nor
@@ -44,9 +46,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HELD_TENANTS = "webctx:admission:held"
+ALL_FRONT = "webctx:admission:front"
 
-# KEYS: front, behind, held, tenants. ARGV: now, lapses_at, job_id, running, queued, key_ttl_s.
-# Returns {slot, front count, behind + held count}: slot 1 front, 2 behind, 3 held, 0 refused.
+# KEYS: front, behind, held, tenants, all front. ARGV: now, lapses_at, job_id, running, queued,
+# key_ttl_s, tenant. Returns {slot, front count, behind + held count}: slot 1 front, 2 waiting
+# (behind or held), 0 refused.
 _ADMIT = """
 for i = 1, 3 do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[1]) end
 local front = redis.call('ZCARD', KEYS[1])
@@ -57,6 +61,8 @@ end
 local slot = 0
 if front < tonumber(ARGV[4]) then
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+  redis.call('ZADD', KEYS[5], ARGV[2], ARGV[7] .. '/' .. ARGV[3])
+  redis.call('EXPIRE', KEYS[5], ARGV[6])
   front = front + 1
   slot = 1
 elseif waiting < tonumber(ARGV[5]) then
@@ -70,12 +76,13 @@ end
 return {slot, front, waiting}
 """
 
-# KEYS: front, behind, held, tenants. ARGV: now, job to free ('' none), job to hold ('' none),
+# KEYS: front, behind, held, tenants, all front. ARGV: now, job to free ('' none), job to hold,
 # running (0: move none), tenant, key_ttl_s. Frees a slot, holds a recorded job, then moves
 # the oldest held jobs into free front slots; returns the moved ones (each moved once only).
 _SETTLE = """
 if ARGV[2] ~= '' then
   for i = 1, 3 do redis.call('ZREM', KEYS[i], ARGV[2]) end
+  redis.call('ZREM', KEYS[5], ARGV[5] .. '/' .. ARGV[2])
 end
 if ARGV[3] ~= '' then
   local score = redis.call('ZSCORE', KEYS[2], ARGV[3])
@@ -88,6 +95,7 @@ if ARGV[3] ~= '' then
   end
 end
 for i = 1, 3 do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[1]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[1])
 local moved = {}
 local running = tonumber(ARGV[4])
 while running > 0 and redis.call('ZCARD', KEYS[1]) < running do
@@ -95,6 +103,8 @@ while running > 0 and redis.call('ZCARD', KEYS[1]) < running do
   if #top == 0 then break end
   redis.call('ZADD', KEYS[1], top[2], top[1])
   redis.call('EXPIRE', KEYS[1], ARGV[6])
+  redis.call('ZADD', KEYS[5], top[2], ARGV[5] .. '/' .. top[1])
+  redis.call('EXPIRE', KEYS[5], ARGV[6])
   table.insert(moved, top[1])
 end
 if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SREM', KEYS[4], ARGV[5]) end
@@ -145,7 +155,7 @@ class Admission:
 
     def _keys(self, tenant: str) -> list[str]:
         base = f"webctx:tenant:{tenant}"
-        return [f"{base}:front", f"{base}:behind", f"{base}:held", HELD_TENANTS]
+        return [f"{base}:front", f"{base}:behind", f"{base}:held", HELD_TENANTS, ALL_FRONT]
 
     def admit(self, tenant: str, job_id: str, caps: Caps) -> Slot:
         """Take a slot for the job (the same one again for a job already admitted), or
@@ -153,7 +163,8 @@ class Admission:
         A HELD job must be recorded and then passed to `hold`."""
         now = time.time()
         args: list[str | int] = [f"{now:.6f}", f"{now + caps.lapse_s:.6f}", job_id,
-                                 caps.running, caps.queued, int(caps.lapse_s) + 1]  # fmt: skip
+                                 caps.running, caps.queued, int(caps.lapse_s) + 1,
+                                 tenant]  # fmt: skip
         slot, front, waiting = self._admit(keys=self._keys(tenant), args=args)
         if int(slot) == 0:
             raise _refused(tenant, int(front) + int(waiting), caps)
@@ -202,6 +213,12 @@ class Admission:
             pipe.zcount(key, f"({now:.3f}", "+inf")
         front, behind, held = pipe.execute()
         return int(front), int(behind) + int(held)
+
+    def interactive_besides(self, tenant: str) -> int:
+        """How many front jobs (sent to the workers, unfinished) other tenants have now."""
+        now = f"({time.time():.6f}"
+        members = self._redis.zrangebyscore(ALL_FRONT, now, "+inf")
+        return sum(1 for m in members if str(m).rsplit("/", 1)[0] != tenant)
 
     def held(self, tenant: str) -> list[str]:
         """The tenant's held jobs, oldest first."""

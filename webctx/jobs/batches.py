@@ -57,6 +57,7 @@ class FeedLimits:
 
     concurrency: int = 4
     max_inflight: int = 16
+    beside_interactive: int = 1  # per batch, while other tenants' interactive jobs run
     job_timeout_s: float = 600.0
     grace_s: float = 60.0
 
@@ -363,7 +364,8 @@ class BatchStore:
         self._redis.hdel(self._k(batch_id, "inflight"), str(index))
 
     def _slots(self, batch_id: str, tenant: str, limits: FeedLimits) -> int:
-        """Free slots: the batch's own cap, its tenant's fair share, the global cap."""
+        """Free slots: the batch's own cap (lower while other tenants' interactive jobs
+        run), its tenant's fair share, the global cap."""
         per_tenant: dict[str, int] = {}
         total = 0
         for other in cast(set[str], self._redis.smembers(_RUNNING)):
@@ -377,10 +379,13 @@ class BatchStore:
         per_tenant.setdefault(tenant, 0)
         share = max(1, limits.max_inflight // len(per_tenant))
         mine = int(self._redis.hlen(self._k(batch_id, "inflight")))
+        own = limits.concurrency
+        if self.jobs.admission.interactive_besides(tenant):  # they keep their latency
+            own = min(own, limits.beside_interactive)
         return max(
             0,
             min(
-                limits.concurrency - mine,
+                own - mine,
                 share - per_tenant[tenant],
                 limits.max_inflight - total,
             ),
