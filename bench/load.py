@@ -1,7 +1,8 @@
 """The HTTP API under load, on the local service: tenant A POSTs a burst of research jobs
 at once, tenant B's single job comes in the middle of it, with and without a batch of
-tenant C running; per-tenant admission (WEBCTX_ADMISSION__*) on, and off (every job at
-the front, as before it), side by side in one run.
+tenant C running; per-tenant admission (WEBCTX_ADMISSION__*) on with waiting jobs held
+out of the queues (the default), on with them queued behind the front ones (HOLD=false),
+and off (every job at the front), side by side in one run.
 
 Per run: A's jobs accepted / refused (429) / failed, 5xx answers, jobs stuck, A's and B's
 latency, B's latency against B's own on the idle service (the ratio), and the RSS of the
@@ -366,8 +367,11 @@ def machine() -> str:
 _OFF = {"WEBCTX_ADMISSION__RUNNING": "100000", "WEBCTX_ADMISSION__QUEUED": "0"}
 SETTINGS = [
     ("on", "admission on (defaults: RUNNING=2, QUEUED=30, held)", {}),
-    ("tiers", "admission on, not held (HOLD=false: queued at priority 3)",
-     {"WEBCTX_ADMISSION__HOLD": "false"}),
+    (
+        "tiers",
+        "admission on, not held (HOLD=false: queued at priority 3)",
+        {"WEBCTX_ADMISSION__HOLD": "false"},
+    ),
     ("running1", "admission on, RUNNING=1", {"WEBCTX_ADMISSION__RUNNING": "1"}),
     ("running4", "admission on, RUNNING=4", {"WEBCTX_ADMISSION__RUNNING": "4"}),
     ("queued10", "admission on, QUEUED=10", {"WEBCTX_ADMISSION__QUEUED": "10"}),

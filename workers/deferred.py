@@ -29,8 +29,9 @@ from contextlib import contextmanager
 logger = logging.getLogger("webctx.worker")
 
 DEFERRED = frozenset({"webctx.index_later"})
-HOUSEKEEPING = frozenset({"webctx.index.tick"})
-"""Tasks that run on the worker's own schedule (beat's tick): no one waits for them."""
+HOUSEKEEPING = frozenset({"webctx.index.tick", "webctx.admission_tick"})
+"""Tasks that run on the worker's own schedule (beat's ticks): no one waits for them, and
+they keep neither deferred work waiting nor the local service from idling out."""
 POLL_S = 0.05
 BUDGET_S = 300.0
 """A deferred task's whole wait, well within the task time limit (600 s)."""
