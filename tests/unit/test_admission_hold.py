@@ -210,3 +210,27 @@ def test_a_batch_feeds_one_item_at_a_time_while_other_tenants_interactive_jobs_r
     assert batches.feed(batch_id, submit, limits) == 1
     jobs.set_status(interactive[0], JobStatus.SUCCEEDED)  # beta's job ended: full speed
     assert batches.feed(batch_id, submit, limits) == 2
+
+
+def test_beats_admission_tick_publishes_held_jobs_into_free_slots(
+    redis_client: redis.Redis, tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webctx.settings import Settings
+    from webctx.workers import app as worker_app
+    from webctx.workers import tasks
+    from webctx.workers.deps import build_deps
+
+    kw = redis_client.connection_pool.connection_kwargs
+    settings = Settings(broker_url=f"redis://{kw['host']}:{kw['port']}/{kw['db']}",
+                        embedding_provider="hash", qdrant_path=f"{tmp_path}/q")  # fmt: skip
+    sent, tick_sent = Sent(), Sent()
+    ids = _submit(_store(redis_client, sent), sent, 3)
+    _store(redis_client, None).set_status(ids[0], JobStatus.CANCELLED)
+    monkeypatch.setattr(worker_app, "publish_held", tick_sent)
+    worker_app.set_deps(build_deps(settings, start=lambda stage, arguments: None))
+    try:
+        assert tasks.admission_tick.run() == 1
+        assert tasks.admission_tick.run() == 0
+    finally:
+        worker_app.set_deps(None)
+    assert tick_sent.jobs == [ids[2]]
