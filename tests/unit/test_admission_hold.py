@@ -128,7 +128,7 @@ def test_the_reconciler_publishes_into_slots_a_silent_process_freed_once(
 ) -> None:
     sent = Sent()
     ids = _submit(_store(redis_client, sent), sent, 4)
-    _store(redis_client, None).set_status(ids[0], JobStatus.CANCELLED)  # e.g. `webctx cancel`
+    _store(redis_client, None).set_status(ids[0], JobStatus.CANCELLED)  # a store with no publisher
     assert sent.jobs == ids[:2]  # freed, not published: that process sends no tasks
     gate = _store(redis_client, None).admission
     assert gate.reconcile(CAPS, sent) == [ids[2]]
@@ -161,7 +161,7 @@ def test_the_reconciler_publishes_held_jobs_once_the_front_slots_lapse(
     assert not redis_client.sismember(HELD_TENANTS, "alpha")
 
 
-def test_held_keys_expire_and_a_publish_error_loses_no_other_job(
+def test_held_keys_expire_and_a_job_whose_sending_failed_is_held_again(
     redis_client: redis.Redis,
 ) -> None:
     sent = Sent()
@@ -176,10 +176,12 @@ def test_held_keys_expire_and_a_publish_error_loses_no_other_job(
     jobs.admission.serve(CAPS, broken)
     jobs.set_status(ids[0], JobStatus.SUCCEEDED)  # the job is still ended, its slot freed
     assert jobs.status(ids[0]) is JobStatus.SUCCEEDED
-    assert jobs.admission.held("alpha") == ids[3:]
+    assert jobs.admission.held("alpha") == ids[2:]  # not sent: held again, at the head
+    assert jobs.admission.counts("alpha") == (1, 3)
+    assert jobs.admission.reconcile(CAPS, sent) == [ids[2]]  # the next tick sends it
     jobs.admission.serve(CAPS, sent)
     jobs.set_status(ids[1], JobStatus.SUCCEEDED)
-    assert sent.jobs == [*ids[:2], ids[3]]
+    assert sent.jobs == [*ids[:2], ids[2], ids[3]]
 
 
 def test_a_batch_feeds_one_item_at_a_time_while_other_tenants_interactive_jobs_run(

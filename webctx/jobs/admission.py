@@ -19,7 +19,8 @@ a tenant's three sets together.
 Every change is one Lua script, so concurrent submitters and finishing jobs (several API
 processes, workers, the MCP server, `webctx research`) can neither pass a cap together nor
 publish a held job twice: the script that frees a slot moves the oldest held job into it
-(ZPOPMIN) and returns it, and only the caller that got it back publishes it (`publish`).
+(ZPOPMIN) and returns it, and only the caller that got it back publishes it (`publish`;
+one whose sending raises is held again, at the head).
 A process with no publisher frees the slot only; the reconciler (`reconcile`, every
 `WEBCTX_ADMISSION__TICK_S` on Celery beat) moves and publishes held jobs of every tenant with
 free slots, lapsed slots included, so no job is held for ever. A held job that is cancelled
@@ -111,6 +112,20 @@ if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SREM', KEYS[4], ARGV[5]) 
 return moved
 """
 
+# KEYS: front, held, tenants, all front. ARGV: job, tenant, key_ttl_s. A moved job whose
+# sending failed goes back to the head of the held jobs (its score is its age).
+_REHOLD = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[2] .. '/' .. ARGV[1])
+redis.call('ZADD', KEYS[2], score, ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('SADD', KEYS[3], ARGV[2])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+return 1
+"""
+
 
 class Slot(StrEnum):
     """Where an admitted job goes: to the workers, or waiting (held, or behind in the queues)."""
@@ -145,6 +160,7 @@ class Admission:
         self._redis = client
         self._admit = client.register_script(_ADMIT)
         self._settle = client.register_script(_SETTLE)
+        self._rehold = client.register_script(_REHOLD)
         self._caps: Caps | None = None
         self._publish: Publish | None = None
 
@@ -179,7 +195,8 @@ class Admission:
 
     def release(self, tenant: str, job_id: str) -> list[str]:
         """Free the job's slot (a finished job; a job refused after admission), moving the
-        tenant's oldest held job into it; the held jobs this call published."""
+        tenant's oldest held job into it; the held jobs this call published (one whose
+        sending raised is held again, at the head)."""
         return self._run(tenant, free=job_id, hold="")
 
     def reconcile(self, caps: Caps, publish: Publish) -> list[str]:
@@ -196,14 +213,18 @@ class Admission:
         running = caps.running if caps is not None and publish is not None else 0
         ttl = int(caps.lapse_s) + 1 if caps is not None else 7 * 24 * 3600
         args: list[str | int] = [f"{time.time():.6f}", free, hold, running, tenant, ttl]
-        moved = [str(j) for j in self._settle(keys=self._keys(tenant), args=args)]
+        keys = self._keys(tenant)
+        moved = [str(j) for j in self._settle(keys=keys, args=args)]
+        sent = []
         for job_id in moved:
             try:
                 assert publish is not None
                 publish(job_id)
-            except Exception:  # its watchdog, queued at submission, ends it by its deadline
-                logger.exception("held job not published", extra={"job_id": job_id})
-        return moved
+                sent.append(job_id)
+            except Exception:  # held again: a later release or tick sends it
+                logger.exception("held job not sent", extra={"job_id": job_id})
+                self._rehold(keys=[keys[0], keys[2], keys[3], keys[4]], args=[job_id, tenant, ttl])
+        return sent
 
     def counts(self, tenant: str) -> tuple[int, int]:
         """The tenant's (front, waiting) slots held now, lapsed ones not counted."""
