@@ -67,6 +67,7 @@ class MostAtOnce:
 
     def __init__(self, client: redis.Redis, jobs: list[str]) -> None:
         self.client, self.jobs, self.most, self.samples = client, jobs, 0, 0
+        self.seen: set[str] = set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -79,6 +80,7 @@ class MostAtOnce:
             active = [j for j, s in statuses.items() if s is JobStatus.RUNNING
                       or (s is JobStatus.QUEUED and j in with_tasks)]  # fmt: skip
             self.most, self.samples = max(self.most, len(active)), self.samples + 1
+            self.seen.update(active)
             time.sleep(0.05)
 
     def done(self) -> int:
@@ -139,6 +141,10 @@ def test_a_tenants_burst_is_capped_and_another_tenants_job_goes_ahead_of_its_que
         assert len(queued & set(alpha_jobs)) == RUNNING and beta_job in queued, queued
         held = jobs.admission.held("alpha")
         assert len(held) == QUEUED and not set(held) & queued, held
+        cancelled = held.pop()  # cancelled while held: never sent, ends cancelled
+        gone = httpx.delete(f"{api.url}/v1/jobs/{cancelled}",
+                            headers={"Authorization": f"Bearer {keys['alpha']}"})  # fmt: skip
+        assert gone.status_code == 200 and gone.json()["status"] == "cancelled", gone.text
 
         sampler = MostAtOnce(redis_client, alpha_jobs)
         start_worker(env, "-c", "1")  # one thread: the queues' order decides who goes first
@@ -154,6 +160,7 @@ def test_a_tenants_burst_is_capped_and_another_tenants_job_goes_ahead_of_its_que
         assert len(finished) == len(everyone), finished
         most, samples = sampler.done(), sampler.samples
         statuses = {j: jobs.status(j).value for j in finished}
+        assert statuses.pop(cancelled) == "cancelled" and cancelled not in sampler.seen
         assert set(statuses.values()) == {"succeeded"}, statuses
         # At no moment had more than RUNNING of alpha's jobs a task queued or running.
         assert most == RUNNING and samples > 20, (most, samples)
