@@ -4,6 +4,7 @@ loads none of the re-index code (webctx/workers/index_tasks.py runs in workers).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -103,9 +104,9 @@ def start_refresh(
     if any(source.tenant != tenant for source in sources):
         raise ValueError("a run re-indexes the sources of one tenant")
     with work_on_service(settings):
-        run_id = runs.start(tenant, len(sources))
+        run_id, requested_at = runs.start(tenant, len(sources)), time.time()
         for source in sources:
             app.signature(
-                "webctx.index.refresh", args=(source.tenant, source.source_id, run_id)
+                "webctx.index.refresh", args=(source.tenant, source.source_id, run_id, requested_at)
             ).apply_async()
     return run_id

@@ -11,6 +11,7 @@ scheduled run and a manual `webctx sources refresh` from interleaving on the sam
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Task
@@ -52,9 +53,11 @@ def index_context(deps: Deps) -> IndexContext:
 def tick() -> int:
     """Start a refresh of every due source this tick won; sweep old points."""
     deps = worker_deps()
-    due = deps.stores.sources.claim_due()
+    claimed_at = time.time()
+    due = deps.stores.sources.claim_due(now=claimed_at)
     for source in due:
-        app.signature("webctx.index.refresh", args=(source.tenant, source.source_id)).apply_async()
+        args = (source.tenant, source.source_id, None, claimed_at)
+        app.signature("webctx.index.refresh", args=args).apply_async()
     if due:
         logger.info("sources due", extra={"sources": len(due)})
     return len(due)
@@ -65,11 +68,20 @@ RUN_WAIT_S = 1.0
 
 
 @app.task(name="webctx.index.refresh", bind=True)
-def refresh(self: Task, tenant: str, source_id: str, run_id: str | None = None) -> str:
+def refresh(
+    self: Task,
+    tenant: str,
+    source_id: str,
+    run_id: str | None = None,
+    requested_at: float | None = None,
+) -> str:
     """Re-index one source. While another run of it holds the lock, a scheduled refresh
     is skipped; a manual run's (`run_id`) comes back every `RUN_WAIT_S` until the lock is
     free and then refreshes, so the run reports done only once the source is indexed as of
-    the caller's request (up to the task time limit, then it reports the source busy)."""
+    the caller's request (up to the task time limit, then it reports the source busy).
+    Pages another run confirmed after `requested_at` (when this run was asked for) are
+    not asked again: a run waiting behind beat's first run of a source just added re-asks
+    none of the pages that run confirmed after the request."""
     deps = worker_deps()
     stores = deps.stores
     source = stores.sources.get(tenant, source_id)
@@ -78,9 +90,9 @@ def refresh(self: Task, tenant: str, source_id: str, run_id: str | None = None) 
         holder, ttl_s = run_id or "scheduled", deps.settings.task_time_limit_s
         if stores.runs.lock(tenant, source_id, holder=holder, ttl_s=ttl_s):
             try:
-                ctx = index_context(deps)
-                report = refresh_source(source, ctx).as_dict()
-                stores.sources.record_run(source, report)
+                ctx, started_at = index_context(deps), time.time()
+                report = refresh_source(source, ctx, confirmed_since=requested_at).as_dict()
+                stores.sources.record_run(source, report, started_at=started_at)
                 if report.get("chunks_embedded"):
                     optimize_if_due(ctx.store)
             finally:

@@ -57,8 +57,17 @@ def hashes_of(records: Iterable[PageRecord]) -> list[str]:
 
 # -- re-indexing ----------------------------------------------------------------------------
 Outcome = Literal[
-    "added", "changed", "unchanged", "not_modified", "missing", "removed", "failed", "opted_out"
+    "added",
+    "changed",
+    "unchanged",
+    "not_modified",
+    "missing",
+    "removed",
+    "failed",
+    "opted_out",
+    "current",
 ]
+"""`current`: confirmed by another run since this one was asked for, so not asked again."""
 GONE_STATUSES = frozenset({404, 410})
 
 
@@ -121,8 +130,13 @@ class UrlResult:
     touch: tuple[str, PageRecord] | None = None
 
 
-def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
-    """Re-index every page of a source: conditional GET, embed only what changed, swap."""
+def refresh_source(
+    source: Source, ctx: IndexContext, *, confirmed_since: float | None = None
+) -> RefreshReport:
+    """Re-index every page of a source: conditional GET, embed only what changed, swap.
+
+    A page confirmed current at or after `confirmed_since` (the time this run was asked
+    for; a run of the same source that held it meanwhile did the work) is left as it is."""
     started = time.monotonic()
     report = RefreshReport(source_id=source.source_id)
     try:
@@ -136,7 +150,7 @@ def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
     if found.skipped:
         logger.warning("sitemap entries skipped", extra={"tenant": source.tenant,
                        "source_id": source.source_id, "skipped": found.skipped[:20]})  # fmt: skip
-    results = _reindex_urls(source, found.urls, ctx)
+    results = _reindex_urls(source, found.urls, ctx, confirmed_since=confirmed_since)
     ctx.records.touch_many(source.tenant, [r.touch for r in results if r.touch])
     for result in results:
         report.outcomes[result.outcome] += 1
@@ -151,12 +165,23 @@ def refresh_source(source: Source, ctx: IndexContext) -> RefreshReport:
     return report
 
 
-def _reindex_urls(source: Source, urls: list[str], ctx: IndexContext) -> list[UrlResult]:
-    """Revalidate every URL; settle 304s and errors here, index changed pages in a pool."""
+def _reindex_urls(
+    source: Source, urls: list[str], ctx: IndexContext, *, confirmed_since: float | None
+) -> list[UrlResult]:
+    """Revalidate every URL not confirmed since `confirmed_since`; settle 304s and errors
+    here, index changed pages in a pool."""
     seen = ctx.records.seen(source.tenant, urls)
+    results: list[UrlResult] = []
+    if confirmed_since is not None:
+        fresh = {
+            url
+            for url, (_, rec) in seen.items()
+            if rec.fetched_at >= confirmed_since and rec.source_id == source.source_id
+        }
+        results = [UrlResult("current") for _ in fresh]
+        urls = [u for u in urls if u not in fresh]
     requests = [_revalidation(url, seen.get(url)) for url in urls]
     workers = max(1, ctx.settings.concurrency)
-    results: list[UrlResult] = []
     with ThreadPoolExecutor(workers) as pool:
         busy = threading.BoundedSemaphore(2 * workers)  # bodies waiting in the pool, at most
         changed: list[Future[UrlResult]] = []

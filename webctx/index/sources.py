@@ -53,6 +53,8 @@ class Source(BaseModel):
     created_at: float
     runs: int = 0
     last_run_at: float | None = None
+    last_started_at: float | None = None
+    """When the last finished run started: the schedule's next due time counts from it."""
     last_report: dict[str, float] = Field(default_factory=dict)
 
 
@@ -121,6 +123,7 @@ class SourceRegistry:
             created_at=previous.created_at if previous else time.time(),
             runs=previous.runs if previous else 0,
             last_run_at=previous.last_run_at if previous else None,
+            last_started_at=previous.last_started_at if previous else None,
             last_report=previous.last_report if previous else {},
         )
         pipe = self._redis.pipeline()
@@ -155,6 +158,11 @@ class SourceRegistry:
         pipe.execute()
         return source
 
+    def due_at(self, tenant: str, source_id: str) -> float | None:
+        """The source's next due time (UNIX s), None when it is not scheduled."""
+        score = self._redis.zscore(_DUE, self._member(tenant, source_id))
+        return None if score is None else float(score)
+
     def claim_due(self, *, now: float | None = None, limit: int = 100) -> list[Source]:
         """Sources due at `now` that this caller won; each due time is won exactly once."""
         now = time.time() if now is None else now
@@ -179,16 +187,27 @@ class SourceRegistry:
             won.append(source)
         return won
 
-    def record_run(self, source: Source, report: dict[str, Any]) -> None:
-        """Keep the last run's time and counts on the source (if it still exists)."""
+    def record_run(
+        self, source: Source, report: dict[str, Any], *, started_at: float | None = None
+    ) -> None:
+        """Keep the last run's time and counts on the source (if it still exists), and move
+        its next due time to `every_s` after the run started, unless already later: a
+        run by hand (`sources refresh`) counts as the scheduled one, so the schedule does not
+        ask every page again right after it."""
         current = self.get(source.tenant, source.source_id)
         if current is None:
             return
         current.runs += 1
         current.last_run_at = time.time()
+        current.last_started_at = started_at
         current.last_report = {k: float(v) for k, v in report.items()
                                if isinstance(v, int | float)}  # fmt: skip
-        self._redis.hset(self._key(source.tenant), source.source_id, current.model_dump_json())
+        pipe = self._redis.pipeline()
+        pipe.hset(self._key(source.tenant), source.source_id, current.model_dump_json())
+        if started_at is not None:  # XX: a source removed meanwhile stays unscheduled
+            member = self._member(source.tenant, source.source_id)
+            pipe.zadd(_DUE, {member: started_at + current.every_s}, xx=True, gt=True)
+        pipe.execute()
 
     def tenants_sources(self) -> list[Source]:
         """Every scheduled source of every tenant (for operators and tests)."""
