@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ import redis
 from tests.conftest import redis_url
 from tests.unit.test_index import TENANT, CountingEmbedder, FakeSite, add_sitemap_source, article
 from webctx.adapters.memory_store import MemoryVectorStore
+from webctx.index import refresh
 from webctx.index.page_records import PageRecords
 from webctx.index.refresh import IndexContext, refresh_source
 from webctx.index.sources import SourceRegistry
@@ -111,3 +113,36 @@ def test_a_run_asked_for_after_the_last_confirmation_asks_every_page(
     again = refresh_source(source, ctx, confirmed_since=time.time())
     assert again.outcomes["not_modified"] == 2 and again.outcomes["changed"] == 1
     assert page_requests(site) == asked + 3
+
+
+class GraphStore(MemoryVectorStore):
+    """An Optimizable store (as the embedded engine is): points wait for a graph until
+    `optimize`, which records how many pages the run had committed by then."""
+
+    def __init__(self, records: PageRecords) -> None:
+        super().__init__()
+        self.indexed, self.records, self.optimized_at = 0, records, []  # type: ignore[var-annotated]
+
+    def unindexed(self) -> int:
+        return self.count() - self.indexed
+
+    def optimize(self) -> bool:
+        self.indexed = self.count()
+        self.optimized_at.append(len(self.records.urls(TENANT)))
+        return True
+
+
+def test_a_long_run_builds_graphs_while_it_writes_not_only_at_its_end(
+    r: redis.Redis, site: FakeSite, ctx: IndexContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = [f"/p{i}.html" for i in range(12)]
+    for path in paths:
+        site.put(path, article(f"topic{path}"))
+    monkeypatch.setattr(refresh, "OPTIMIZE_AFTER", 10)
+    monkeypatch.setattr(refresh, "CHECK_EVERY", 1)
+    store = GraphStore(ctx.records)
+    ctx = dataclasses.replace(ctx, store=store, settings=IndexSettings(concurrency=1))
+    report = refresh_source(add_sitemap_source(r, site, paths), ctx)
+    assert report.outcomes["added"] == 12
+    assert store.optimized_at and store.optimized_at[0] < 12  # before the last page
+    assert store.unindexed() < 10 + report.chunks_embedded // 12

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 import qdrant_edge as qe
 
+from webctx.adapters.edge_tuning import Tuning
 from webctx.errors import ConfigError, ProviderError
 from webctx.models import Chunk, ScoredChunk, StoredChunk
 from webctx.protocols import IndexScope, VectorDatatype
@@ -43,6 +44,7 @@ from webctx.stages.store import (
     from_key,
     point_payload,
     scored_chunk,
+    sparse_payload,
     until_key,
 )
 
@@ -125,9 +127,16 @@ class EdgeVectorStore:
     content_sha256 and site."""
 
     def __init__(
-        self, path: Path, *, dimensions: int | None = None, datatype: VectorDatatype = "float32"
+        self,
+        path: Path,
+        *,
+        dimensions: int | None = None,
+        datatype: VectorDatatype = "float32",
+        tuning: Tuning | None = None,
     ) -> None:
         self.path = path
+        self.tuning = tuning or Tuning()
+        self._params = self.tuning.search_params()
         self._datatype = _DATATYPES[datatype]
         path.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock_directory(path)
@@ -138,6 +147,8 @@ class EdgeVectorStore:
         self._marked: set[str] = set()  # tenant keys whose mark fields have field indexes
         try:
             if (path / _CONFIG_FILE).exists():
+                # As created: an earlier webctx's shard keeps its layout (export and
+                # import it to take the current one, docs/index.md).
                 self._shard = self._open(_engine(lambda: qe.EdgeShard.load(str(path))))
             elif dimensions is not None:
                 self._shard = self._create(dimensions)
@@ -225,6 +236,7 @@ class EdgeVectorStore:
             filter=where,
             with_payload=payload,
             with_vector=vectors,
+            params=self._params,
         )
         return _engine(lambda: shard.query(request))
 
@@ -256,7 +268,7 @@ class EdgeVectorStore:
         for p in points:
             sv = document_vector(p.chunk.text)
             batch.append((p.id, {SPARSE: qe.SparseVector(sv.indices, sv.values)},
-                          point_payload(p)))  # fmt: skip
+                          sparse_payload(p)))  # fmt: skip
         _keep_marks_upsert(shard, batch)
         _engine(shard.flush)  # durable on return
 
@@ -270,7 +282,8 @@ class EdgeVectorStore:
 
     def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
         """The points of these ids, without vectors: from the dense shard, else the sparse
-        one (a point only the sparse half holds); absent ids are left out."""
+        one (whose points written by an earlier webctx still hold their chunk); absent ids
+        are left out."""
         found: dict[str, StoredChunk] = {}
         for shard in (self._current(), self._sparse_shard(create=False)):
             wanted: list[qe.PointId] = [pid for pid in ids if pid not in found]
@@ -280,8 +293,8 @@ class EdgeVectorStore:
             retrieve = functools.partial(shard.retrieve, wanted, with_payload=fields,
                                          with_vector=False)  # fmt: skip
             for record in _engine(retrieve):
-                pid = str(record.id)
-                found[pid] = _stored(pid, record.payload or {})
+                if "text" in (record.payload or {}):  # sparse points hold no text any more
+                    found[str(record.id)] = _stored(str(record.id), record.payload or {})
         return found
 
     def _sparse_hits(
@@ -390,10 +403,7 @@ class EdgeVectorStore:
             return shard
 
     def _create(self, dimensions: int) -> qe.EdgeShard:
-        params = qe.EdgeVectorParams(
-            size=dimensions, distance=qe.Distance.Cosine, datatype=self._datatype
-        )
-        config = qe.EdgeConfig(vectors=params, wal_enabled=False)
+        config = self.tuning.config(self.tuning.vector_params(dimensions, self._datatype))
         return self._open(_engine(lambda: qe.EdgeShard.create(str(self.path), config)))
 
     @staticmethod
@@ -435,9 +445,7 @@ def _keep_marks_upsert(
             _engine(functools.partial(shard.update, merge))
 
 
-def _create_field_indexes(
-    shard: qe.EdgeShard, fields: Mapping[str, qe.PayloadSchemaType]
-) -> None:
+def _create_field_indexes(shard: qe.EdgeShard, fields: Mapping[str, qe.PayloadSchemaType]) -> None:
     """Create the payload (field) indexes the shard lacks: a filter on a field without one
     scans every point."""
     schema = _engine(shard.info).payload_schema
@@ -477,6 +485,7 @@ def _mark_operations(
     if live:
         ops.append(qe.UpdateOperation.delete_payload_by_filter(_pages(list(live)), [until_key(tk)]))
     if dead:
-        ops.append(qe.UpdateOperation.set_payload_by_filter(_pages(dead),
-                                                            {until_key(tk): generation}))
+        ops.append(
+            qe.UpdateOperation.set_payload_by_filter(_pages(dead), {until_key(tk): generation})
+        )
     return ops

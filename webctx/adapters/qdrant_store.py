@@ -28,6 +28,7 @@ from webctx.stages.store import (
     from_key,
     point_payload,
     scored_chunk,
+    sparse_payload,
     until_key,
 )
 
@@ -207,7 +208,7 @@ class QdrantVectorStore:
             vector: models.VectorStruct = {
                 SPARSE: models.SparseVector(indices=sv.indices, values=sv.values)
             }
-            structs.append(models.PointStruct(id=p.id, vector=vector, payload=point_payload(p)))
+            structs.append(models.PointStruct(id=p.id, vector=vector, payload=sparse_payload(p)))
         self._keep_marks_upsert(self._sparse_name, structs)
 
     def mark_pages(
@@ -256,8 +257,13 @@ class QdrantVectorStore:
         ops: list[models.UpdateOperation] = []
         for struct in structs:
             if str(struct.id) in existing:
-                ops.append(models.UpdateVectorsOperation(update_vectors=models.UpdateVectors(
-                    points=[models.PointVectors(id=struct.id, vector=struct.vector)])))
+                ops.append(
+                    models.UpdateVectorsOperation(
+                        update_vectors=models.UpdateVectors(
+                            points=[models.PointVectors(id=struct.id, vector=struct.vector)]
+                        )
+                    )
+                )
                 ops.append(models.SetPayloadOperation(set_payload=models.SetPayload(
                     payload=struct.payload or {}, points=[struct.id])))  # fmt: skip
         if ops:
@@ -284,7 +290,8 @@ class QdrantVectorStore:
 
     def retrieve(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
         """The points of these ids, without vectors: from the dense collection, else the
-        sparse one (a point only the sparse half holds); absent ids are left out."""
+        sparse one (whose points written by an earlier webctx still hold their chunk); absent
+        ids are left out."""
         found: dict[str, StoredChunk] = {}
         for name, exists in ((self.collection, self._exists),
                              (self._sparse_name, self._sparse_exists)):  # fmt: skip
@@ -295,8 +302,8 @@ class QdrantVectorStore:
                 self.client.retrieve, name, wanted, with_payload=list(CHUNK_FIELDS),
                 with_vectors=False))  # fmt: skip
             for record in records:
-                pid = str(record.id)
-                found[pid] = _stored(pid, record.payload or {})
+                if "text" in (record.payload or {}):  # sparse points hold no text any more
+                    found[str(record.id)] = _stored(str(record.id), record.payload or {})
         return found
 
     def _sparse_hits(
@@ -387,10 +394,14 @@ def _scope_filter(scope: IndexScope) -> models.Filter:
         models.FieldCondition(key=from_key(scope.tenant_key), range=models.Range(lte=at))
     ]
     if scope.site:
-        must.append(models.FieldCondition(key=SITE_KEY,
-                                          match=models.MatchValue(value=scope.site.lower())))
+        must.append(
+            models.FieldCondition(key=SITE_KEY, match=models.MatchValue(value=scope.site.lower()))
+        )
     if scope.content_sha256s is not None:
-        must.append(models.FieldCondition(key=CONTENT_KEY,
-                                          match=models.MatchAny(any=list(scope.content_sha256s))))
+        must.append(
+            models.FieldCondition(
+                key=CONTENT_KEY, match=models.MatchAny(any=list(scope.content_sha256s))
+            )
+        )
     gone = models.FieldCondition(key=until_key(scope.tenant_key), range=models.Range(lte=at))
     return models.Filter(must=must, must_not=[gone])

@@ -301,6 +301,7 @@ def index_download(
     )  # fmt: skip
     old = ctx.records.commit(source.tenant, url, store=ctx.store, record=record, page=page,
                            grace_s=ctx.settings.grace_s)  # fmt: skip
+    _optimize_while_writing(ctx.store, chunks)
     return UrlResult("changed" if old else "added", fetched=1, chunks=chunks, requests=requests)
 
 
@@ -334,6 +335,28 @@ def optimize_if_due(store: object, *, after: int = OPTIMIZE_AFTER) -> bool:
     built = store.optimize()
     logger.info("vector store optimized", extra={"seconds": round(time.monotonic() - started, 1)})
     return built
+
+
+CHECK_EVERY = 1000
+"""Chunks written between two looks at the store's unindexed points while a run writes."""
+_written = [0]
+_optimizing = threading.Lock()
+
+
+def _optimize_while_writing(store: object, chunks: int) -> None:
+    """Build graphs during a long run, once `OPTIMIZE_AFTER` points wait for one, so the
+    store is searchable by graph minutes after the run's last write instead of after one
+    optimize of everything at its end. Looked at every `CHECK_EVERY` chunks; one thread
+    optimizes while the others go on (the engine holds the GIL meanwhile)."""
+    if not isinstance(store, Optimizable) or not _optimizing.acquire(blocking=False):
+        return
+    try:
+        _written[0] += chunks
+        if _written[0] >= CHECK_EVERY:
+            _written[0] = 0
+            optimize_if_due(store, after=OPTIMIZE_AFTER)
+    finally:
+        _optimizing.release()
 
 
 def sweep(ctx: IndexContext) -> int:

@@ -7,8 +7,11 @@ retried task or a second job that meets the same page overwrites instead of dupl
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 from webctx.models import Chunk, ScoredChunk, StoredChunk
 from webctx.protocols import GroupFlushable, VectorStore
@@ -35,6 +38,7 @@ def until_key(tk: str) -> str:
 
 
 UPSERT_BATCH = 256
+T = TypeVar("T")
 
 
 _NAMESPACE_BYTES = POINT_NAMESPACE.bytes
@@ -107,6 +111,13 @@ def point_payload(point: StoredChunk) -> dict[str, object]:
     return {**point.chunk.model_dump(), "url": point.url, "model": point.model}
 
 
+def sparse_payload(point: StoredChunk) -> dict[str, object]:
+    """The payload of a sparse (BM25) point: the page hash its filters need (the marks and
+    the site come with the marks). Its chunk's text and fields are read from the dense
+    point under the same id, so the index keeps one copy of every chunk's text."""
+    return {CONTENT_KEY: point.chunk.content_sha256}
+
+
 def scored_chunk(
     payload: Mapping[str, object], *, score: float, vector: Sequence[float]
 ) -> ScoredChunk:
@@ -117,3 +128,23 @@ def scored_chunk(
         score=float(score),
         vector=vector if isinstance(vector, list) else list(vector),  # validated as floats
     )
+
+
+@dataclass
+class RawPoint:
+    """One stored point as the engine holds it (index export and import): its id, the
+    whole payload (live marks included) and its dense vector or sparse (indices, values)."""
+
+    id: str
+    payload: dict[str, object]
+    dense: list[float] | None = None
+    sparse: tuple[list[int], list[float]] | None = None
+
+
+_MARK = re.compile(r"^live_[0-9a-f]+_(from|until)\Z")
+
+
+def mark_fields(points: Sequence[RawPoint], *, integer: T) -> dict[str, T]:
+    """Field-index schema of every live-mark field the points carry (`integer`: the
+    engine's integer type)."""
+    return {key: integer for p in points for key in p.payload if _MARK.match(key)}
