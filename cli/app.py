@@ -7,6 +7,7 @@ import typer
 from webctx.cli import jobs, serve
 from webctx.cli.batch import batch
 from webctx.cli.config_set import config_app
+from webctx.cli.index import index
 from webctx.cli.keys import keys
 from webctx.cli.service import service
 from webctx.cli.sources import search, sources
@@ -26,5 +27,6 @@ cli.add_typer(keys, name="keys")
 cli.command()(serve.mcp)
 cli.add_typer(sources, name="sources")
 cli.add_typer(service, name="service")
+cli.add_typer(index, name="index")
 cli.command("search")(search)
 cli.add_typer(config_app, name="config")

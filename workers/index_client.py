@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 from celery.exceptions import TimeoutError as ResultTimeout
@@ -110,3 +111,40 @@ def start_refresh(
                 "webctx.index.refresh", args=(source.tenant, source.source_id, run_id, requested_at)
             ).apply_async()
     return run_id
+
+
+def run_transfer(
+    settings: Settings, direction: str, path: str, *, timeout_s: float
+) -> dict[str, Any]:
+    """Export (or import) the index at `path` where the vector store is open: here for a
+    Qdrant server, else on the worker holding the embedded engine (the local service), whose
+    machine the path is on. InvalidRequest, Conflict or ProviderError for what failed."""
+    from webctx.errors import Conflict, InvalidRequest, ProviderError
+
+    if local_store(settings):
+        from webctx.adapters.point_io import point_io
+        from webctx.index.transfer import export_index, import_index
+        from webctx.workers.app import worker_deps
+        from webctx.workers.deps import state_client
+
+        deps, client = worker_deps(), state_client(settings)
+        run = export_index if direction == "export" else import_index
+        try:
+            return run(Path(path), points=point_io(deps.engine.store), client=client)
+        finally:
+            client.close()
+    with work_on_service(settings):
+        pending = app.signature("webctx.index.transfer", args=(direction, path)).apply_async()
+    try:
+        result = cast(dict[str, Any], pending.get(timeout=timeout_s))
+    except ResultTimeout:
+        _stop_waiting(pending)
+        raise ProviderUnavailable(
+            f"index {direction}: no answer from the workers within {timeout_s:g} s"
+        ) from None
+    if "error" in result:
+        kind, message = str(result.get("kind")), str(result["error"])
+        if kind in ("InvalidRequest", "Conflict"):
+            raise (InvalidRequest if kind == "InvalidRequest" else Conflict)(message)
+        raise ProviderError("index", message)
+    return result

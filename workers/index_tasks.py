@@ -122,3 +122,32 @@ def forget(tenant: str, source_id: str) -> int:
                                     grace_s=ctx.settings.grace_s)  # fmt: skip
     sweep(ctx)
     return dropped
+
+
+TRANSFER_LIMIT_S = 6 * 3600
+"""A transfer's time limit: an export or import of millions of points takes many minutes."""
+
+
+# Acked on receipt: it runs past the broker's visibility timeout, and the caller, who
+# waits for it, runs it again rather than a redelivery while it still runs.
+@app.task(name="webctx.index.transfer", ignore_result=False, acks_late=False,
+          time_limit=TRANSFER_LIMIT_S, soft_time_limit=TRANSFER_LIMIT_S - 60)  # fmt: skip
+def transfer(direction: str, path: str) -> dict[str, Any]:
+    """Export the index to, or import it from, `path` on this worker's machine, where the
+    embedded engine is open; the counts, or {"error": ...} for bad input."""
+    from pathlib import Path
+
+    from webctx.adapters.point_io import point_io
+    from webctx.errors import WebctxError
+    from webctx.index.transfer import export_index, import_index
+    from webctx.workers.deps import state_client
+
+    deps = worker_deps()
+    run = export_index if direction == "export" else import_index
+    client = state_client(deps.settings)
+    try:
+        return run(Path(path), points=point_io(deps.engine.store), client=client)
+    except WebctxError as exc:
+        return {"error": str(exc), "kind": type(exc).__name__}
+    finally:
+        client.close()
