@@ -53,17 +53,6 @@ class PointIO(Protocol):
     def load(self, half: str, points: Sequence[RawPoint]) -> None: ...
 
 
-class Points:
-    """A PointIO from a dump and a load function over one store."""
-
-    def __init__(
-        self,
-        dump: Callable[[str], Iterator[RawPoint]],
-        load: Callable[[str, Sequence[RawPoint]], None],
-    ) -> None:
-        self.dump, self.load = dump, load
-
-
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
