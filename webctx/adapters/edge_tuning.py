@@ -30,11 +30,13 @@ class Tuning:
     hnsw_ef_construct: int = 100
     payload_graphs: bool = False
     """Extra HNSW links per payload-index value (`payload_m`): the engine's default builds
-    them for every indexed field, which costs most of an optimize; our filters (a tenant's
-    marks, ~all points; a site, a MatchAny of pages) search well without them."""
+    them for every indexed field (page hash, site, each tenant's marks), more graph work in
+    every optimize; our filters (a tenant's marks, ~all points; a site, a MatchAny of pages)
+    search well without them (recall@10 0.99 at 100,000 points, docs/benchmarks.md)."""
     quantization: bool = False
     """int8 scalar quantization of the dense vectors in RAM, originals on disk for
-    rescoring: half the float16 vectors' memory, but a third more disk."""
+    rescoring: half the float16 vectors' memory, and half again their disk (off: the disk
+    per chunk is the scarcer)."""
     oversampling: float = 2.0
     hnsw_ef: int | None = 128
     engine_defaults: bool = False
