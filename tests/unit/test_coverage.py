@@ -122,3 +122,25 @@ def test_markdown_says_plainly_what_no_source_was_found_for() -> None:
     assert "Coverage: insufficient" in text
     assert "No source found for: Who painted the Mona Lisa?" in text
     assert "- supported" in text and "- missing" in text
+
+
+def test_the_only_facet_found_missing_keeps_every_passage_and_says_so() -> None:
+    pool = _filler(30, dense=0.02)
+    facets = ["Who painted the Mona Lisa?"]
+    packed = pack_facets(facets, [pool], top_k=60, token_budget=200)
+    assert cov.status_of(packed.confidences[0]) == "missing"  # type: ignore[index]
+    assert packed.ranked == rank_chunks(pool, top_k=60, token_budget=200)
+    bundle = make_bundle_for(packed.ranked)
+    coverage = cover_bundle(bundle, facets, packed, [pool])
+    assert coverage.sufficient is False
+    assert coverage.notes == ["No source found for: Who painted the Mona Lisa?"]
+    assert len(coverage.facets[0].chunks) == len(packed.ranked) > MISSING_KEEP
+
+
+def test_no_facet_is_cut_when_every_facet_is_missing() -> None:
+    facets = ["When was the Eiffel Tower completed?", "Who painted the Mona Lisa?"]
+    pools = [_filler(20, dense=0.02), [_scored(f"{OFF_TOPIC} Other {i}.", 0.02, 60 + i)
+                                       for i in range(20)]]  # fmt: skip
+    packed = pack_facets(facets, pools, top_k=60, token_budget=200)
+    assert all(cov.status_of(p) == "missing" for p in packed.confidences or [])
+    assert packed.facet_of.count(0) == 5 and packed.facet_of.count(1) == 5

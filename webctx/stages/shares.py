@@ -6,7 +6,9 @@ token budget and `top_k` are shared out in order, what a facet leaves unused goi
 next ones, and a chunk (or a span overlapping it) taken for one facet is not offered to the
 others. A facet found missing keeps only its best `MISSING_KEEP` chunks (the nearest
 passages, for the reader to see what was found); the rest of its share goes to the facets
-that have support.
+that have support. When no facet has support (a one-facet question found missing among
+them) nothing is cut: there is no facet to give the share to, and a facet judged missing
+wrongly keeps every passage it would have had.
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ def pack_facets(
     abstain: bool = True,
 ) -> Packed:
     """Each facet's best chunks within its share (see the module docstring); facets found
-    missing cut to `MISSING_KEEP` chunks, their share given to the supported ones (unless
-    `abstain` is False)."""
+    missing cut to `MISSING_KEEP` chunks, their share given to the ones not missing
+    (unless `abstain` is False, or no facet is left to give it to)."""
     if len(facets) != len(pools):
         raise ValueError("one candidate pool per facet")
     caps: list[int | None] = [None] * len(facets)
@@ -96,7 +98,7 @@ def pack_facets(
         packed.confidences.append(p)
         if status_of(p) == "missing":
             caps[f] = MISSING_KEEP
-    if not abstain or all(cap is None for cap in caps):
+    if not abstain or all(cap is None for cap in caps) or all(cap is not None for cap in caps):
         return packed
     # A missing facet first: it keeps its nearest passages whatever the others take.
     order = sorted(range(len(facets)), key=lambda f: caps[f] is None)
