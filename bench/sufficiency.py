@@ -41,19 +41,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 
 from bench._report import write_section  # noqa: E402
 from bench.answer_recall import MAX_QUERIES, MAX_SOURCES, RESULTS_PER_QUERY, TOP_K  # noqa: E402
-from bench.calibration import auroc, fit_logistic, reliability  # noqa: E402
+from bench.calibration import auroc, reliability  # noqa: E402
 from bench.qa_web import MODEL, OUT, QAWeb, Question, normalize, shared_qa, start_qa_web  # noqa: E402
 from bench.recall_scoring import hit  # noqa: E402
+from bench.sufficiency_fit import COVERAGE_BUDGET, Record, fit_half_text, fit_model  # noqa: E402
 from webctx.adapters.httpx_fetcher import HttpxFetcher  # noqa: E402
 from webctx.adapters.memory_store import MemoryVectorStore  # noqa: E402
 from webctx.adapters.openai_embedder import OpenAIEmbedder  # noqa: E402
 from webctx.adapters.searxng_search import SearxngSearch  # noqa: E402
-from webctx.errors import FetchError  # noqa: E402
-from webctx.models import Bundle, BundleStats, Page, ScoredChunk  # noqa: E402
+from webctx.errors import FetchError, ProviderUnavailable  # noqa: E402
+from webctx.models import Bundle, BundleStats, Page, ScoredChunk, SearchResult  # noqa: E402
 from webctx.net.addresses import AddressPolicy  # noqa: E402
 from webctx.settings import ChunkSettings, EmbedSettings, FetchSettings  # noqa: E402
 from webctx.stages import coverage as cov  # noqa: E402
@@ -68,7 +68,6 @@ from webctx.stages.shares import Packed, pack_facets  # noqa: E402
 from webctx.stages.store import vector_lookup  # noqa: E402
 
 BUDGETS = (250, 500, 1000, 3000)
-COVERAGE_BUDGET = 3000  # the default token_budget: abstention and calibration figures
 # Packing and bundling seconds of single questions, and how many bundles they made.
 SECONDS = {"before": 0.0, "with coverage": 0.0, "bundles": 0.0}
 
@@ -119,8 +118,7 @@ def job_pages(
     """Plan, search (without `removed`), fetch (`replaced` pages in their place), index."""
     queries = plan_queries(text, max_queries=MAX_QUERIES)
     limit = max(RESULTS_PER_QUERY, MAX_SOURCES) + min(len(removed), 150)
-    lists = [[r for r in search_query(web.search, q, limit=limit) if r.url not in removed]
-             for q in queries]  # fmt: skip
+    lists = [[r for r in _search(web, q, limit) if r.url not in removed] for q in queries]
     pages = []
     for result in merge_results(lists)[:MAX_SOURCES]:
         page = (replaced or {}).get(result.url) or web.page(result.url)
@@ -128,6 +126,19 @@ def job_pages(
             web.index(page)
             pages.append(page)
     return queries, pages
+
+
+def _search(web: Web, query: str, limit: int) -> list[SearchResult]:
+    """One query's results, asked again (up to 3 times) when a loopback read fails under
+    load: one dropped connection should not end a run of many minutes."""
+    for attempt in range(3):
+        try:
+            return search_query(web.search, query, limit=limit)
+        except ProviderUnavailable:
+            if attempt == 2:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 def cut_paragraph(web: Web, question: Question) -> dict[str, Page] | None:
@@ -143,23 +154,6 @@ def cut_paragraph(web: Web, question: Question) -> dict[str, Page] | None:
             sha = hashlib.sha256(text.encode()).hexdigest()
             return {url: page.model_copy(update={"text": text, "content_sha256": sha})}
     return None
-
-
-@dataclass
-class Record:
-    """One bundle measured: its scenario, facets' signals and labels, and recall."""
-
-    scenario: str
-    budget: int
-    confidence: float
-    sufficient: bool
-    holds: bool  # the bundle holds (every) answer
-    answerable: bool  # a fetched page holds (every) answer
-    facets: int
-    facets_found: int
-    signals: list[list[float]]
-    labels: list[bool]
-    split: str
 
 
 def run_job(
@@ -286,27 +280,6 @@ def measure(web: Web, questions: Sequence[Question], pairs: Sequence[tuple[Quest
         run.jobs["compound"] = run.jobs.get("compound", 0) + 1
 
 
-def fit_model(records: Sequence[Record]) -> str:
-    """Fit the coverage model on the fit half's single-question facets (every budget); the
-    shipped threshold flags 4 % of the bundles holding their answer at the default budget
-    there. Its constants, as text."""
-    rows = [(s, lab, r) for r in records for s, lab in zip(r.signals, r.labels, strict=True)]
-    x = np.asarray([s for s, _, _ in rows], dtype=float)
-    y = np.asarray([lab for _, lab, _ in rows], dtype=float)
-    coef, intercept = fit_logistic(x, y)
-    conf = 1.0 / (1.0 + np.exp(-(x @ coef + intercept)))
-    ece, _ = reliability(conf.tolist(), y.astype(bool).tolist())
-    shipped = np.asarray([r.budget == COVERAGE_BUDGET and r.scenario == "full" for _, _, r in rows])
-    threshold = float(np.quantile(conf[shipped & (y == 1)], 0.04))
-    flagged = float((conf[y == 0] < threshold).mean())
-    return (
-        f"FEATURES = {cov.FEATURES}\nCOEFFICIENTS = {tuple(round(float(c), 4) for c in coef)}\n"
-        f"INTERCEPT = {round(intercept, 4)}\nMISSING = {round(threshold, 3)}\n"
-        f"# fit half: {len(y)} facet-bundles, {int(y.sum())} holding their answer; ECE {ece:.3f}; "
-        f"{flagged:.1%} of those without flagged missing"
-    )
-
-
 def _at(records: Sequence[Record], scenario: str, budget: int) -> list[Record]:
     return [r for r in records if r.scenario == scenario and r.budget == budget]
 
@@ -387,6 +360,7 @@ def report(run: Run, n_questions: int, seconds: float, computed: int) -> str:
         f"{SECONDS['with coverage'] / max(1, bundles) * 1000:.1f} ms (retrieval, shared by "
         "both, not counted).\n"
     )
+    text += fit_half_text(OUT / "sufficiency-fit.json")
     text += f"\nCPU: {cpu()}.\n"
     text += (f"\nRun time {seconds:.0f} s ({computed} texts embedded, the rest from the "
              "bench/out/ cache).")  # fmt: skip
