@@ -43,8 +43,8 @@ def test_a_question_no_page_answers_is_insufficient_and_says_so(
     [facet] = bundle.coverage.facets
     assert facet.status == "missing" and facet.text == ABSENT
     assert bundle.coverage.notes == [f"No source found for: {ABSENT}"]
-    # Not padded: the nearest passages only, not a full budget of on-topic-looking ones.
-    assert len(bundle.chunks) <= 2 and facet.chunks == list(range(len(bundle.chunks)))
+    # The only facet: no other facet could use its share, so it keeps its passages.
+    assert facet.chunks == list(range(len(bundle.chunks)))
     markdown = _research(env, ABSENT, "markdown")
     assert f"No source found for: {ABSENT}" in markdown
     assert "Coverage: insufficient" in markdown
