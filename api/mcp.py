@@ -45,7 +45,7 @@ from webctx.errors import JobNotFound, WebctxError
 from webctx.index.search import IndexHit
 from webctx.jobs.store import JobProgress
 from webctx.knobs import default
-from webctx.models import JobRequest, JobStatus
+from webctx.models import Depth, JobRequest, JobStatus
 from webctx.problems import plain_message
 from webctx.stages.instructions import fence_untrusted, flag_note, new_nonce
 
@@ -200,6 +200,7 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
             bool,
             _knob("stale_if_error", "Serve an older copy (marked stale) when a download fails."),
         ] = default("stale_if_error"),
+        depth: Annotated[Depth, _knob("depth")] = default("depth"),
     ) -> Annotated[CallToolResult, WebContextOut]:
         request = _request(
             question=question,
@@ -212,6 +213,7 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
             recency_days=recency_days,
             max_age=max_age,
             stale_if_error=stale_if_error,
+            depth=depth,
         )
         try:
             return await run_web_context(ctx, get_runtime(), request, wait_s=wait_s)

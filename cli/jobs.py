@@ -75,6 +75,7 @@ def research(
             "--stale-if-error", help="Serve an older copy (marked stale) when a download fails."
         ),
     ] = False,
+    depth: Annotated[str, typer.Option(help=_help("depth"))] = _default("depth"),
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and exit.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds to wait for the job.")] = None,
     idempotency_key: Annotated[
@@ -87,7 +88,7 @@ def research(
                        token_budget=token_budget, max_queries=max_queries,
                        include_domains=include_domains, exclude_domains=exclude_domains,
                        recency_days=recency_days, max_age=max_age,
-                       stale_if_error=stale_if_error)  # fmt: skip
+                       stale_if_error=stale_if_error, depth=depth)  # fmt: skip
     job_id = _handed.pop() if _handed else None
     if job_id is None:
         job_id = _hand_to_service(options, idempotency_key, wait=not no_wait)
@@ -113,13 +114,14 @@ def _options(
     recency_days: int | None,
     max_age: int | None,
     stale_if_error: bool,
+    depth: str = "fast",
 ) -> dict[str, Any]:
     """The job request of `webctx research`'s options, as JSON."""
     return {"question": question, "max_sources": max_sources, "top_k": top_k,
             "token_budget": token_budget, "max_queries": max_queries,
             "include_domains": list(include_domains or []),
             "exclude_domains": list(exclude_domains or []), "recency_days": recency_days,
-            "max_age": max_age, "stale_if_error": stale_if_error}  # fmt: skip
+            "max_age": max_age, "stale_if_error": stale_if_error, "depth": depth}  # fmt: skip
 
 
 _handed: list[str] = []

@@ -15,14 +15,20 @@ MAX_AGE_LIMIT_S = 365 * 24 * 3600
 """The largest `max_age` a request may name (one year, in seconds)."""
 
 
+DEPTHS = ("fast", "deep")
+"""The values of the `depth` knob: one round, or further rounds for weak facets."""
+
+
 @dataclass(frozen=True)
 class Knob:
-    """A knob: its default, its range (inclusive; None: unbounded) and its help."""
+    """A knob: its default, its range (inclusive; None: unbounded), its help and, for a
+    knob that takes words, the words it takes."""
 
     default: Any
     low: int | None
     high: int | None
     help: str
+    choices: tuple[str, ...] = ()
 
 
 KNOBS: dict[str, Knob] = {
@@ -43,6 +49,16 @@ KNOBS: dict[str, Knob] = {
         "than the job. -1: stored copies only, of any age; a page without one fails "
         "`not_cached`, nothing is downloaded. The configured windows cap it.",
     ),
+    "depth": Knob(
+        "fast",
+        None,
+        None,
+        "`fast`: one round of search and fetch. `deep`: further rounds while a facet of "
+        "the question is weak or missing: new queries (the facet alone, terms of its best "
+        "passages) and same-site links of the best pages, within the deep bounds "
+        "(WEBCTX_DEEP__*).",
+        choices=DEPTHS,
+    ),
     "stale_if_error": Knob(
         False,
         None,
@@ -62,6 +78,8 @@ def help_text(name: str) -> str:
     """The help of knob `name`, with its range when it has one: `Pages to fetch at most
     (1-100).`"""
     knob = KNOBS[name]
+    if knob.choices:
+        return f"{knob.help} One of: {', '.join(knob.choices)}."
     if knob.low is None or knob.high is None or name == "max_age":
         return knob.help
     return f"{knob.help.removesuffix('.')} ({knob.low:,}-{knob.high:,})."
@@ -71,10 +89,13 @@ def knobs_table() -> str:
     """The table's rows as docs/api.md shows them (one Markdown row per knob)."""
     rows = []
     for name, knob in KNOBS.items():
-        if isinstance(knob.default, bool) or knob.default is None:
+        if isinstance(knob.default, str):
+            value = f"`{knob.default}`"
+        elif isinstance(knob.default, bool) or knob.default is None:
             value = {None: "unset", True: "true", False: "false"}[knob.default]
         else:
             value = f"{knob.default:,}"
         span = "" if knob.low is None else f"{knob.low:,} to {knob.high:,}"
+        span = ", ".join(f"`{c}`" for c in knob.choices) or span
         rows.append(f"| `{name}` | {value} | {span} | {knob.help} |")
     return "\n".join(rows)

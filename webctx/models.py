@@ -16,6 +16,8 @@ from webctx.knobs import KNOBS, help_text
 
 BUNDLE_SCHEMA_VERSION = 1
 
+Depth = Literal["fast", "deep"]
+"""A job's depth (webctx/knobs.py `DEPTHS`): one round, or further rounds for weak facets."""
 Retrieved = Literal["live", "revalidated", "cached", "index", "provider"]
 """Where a source's text came from: a download for this job, a stored copy the server
 confirmed unchanged (304), the shared page cache, the persistent index, or the search
@@ -145,6 +147,7 @@ class JobRequest(BaseModel):
     recency_days: int | None = _knob("recency_days")
     max_age: int | None = _knob("max_age")
     stale_if_error: bool = _knob("stale_if_error")
+    depth: Depth = _knob("depth")
 
     @field_validator("question")
     @classmethod

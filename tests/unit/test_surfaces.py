@@ -87,6 +87,7 @@ def test_batch_item_sets_every_job_field() -> None:
         "recency_days": 30,
         "max_age": 0,
         "stale_if_error": True,
+        "depth": "deep",
     }
     assert set(values) == FIELDS - BATCH_EXCLUDED, "give the new field a non-default value"
     defaults = JobRequest(question="q").model_dump()
@@ -110,7 +111,8 @@ def test_cli_research_options_reach_the_submitted_job(
                    "--max-sources", "3", "--top-k", "7", "--token-budget", "900",
                    "--max-queries", "2", "--include-domain", "energy.example",
                    "--include-domain", "heat.example", "--exclude-domain", "spam.example",
-                   "--recency-days", "30", "--max-age", "0", "--stale-if-error")  # fmt: skip
+                   "--recency-days", "30", "--max-age", "0", "--stale-if-error",
+                   "--depth", "deep")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     jobs = stores_on(redis_client, Settings()).jobs
     submitted = jobs.request(done.stdout.strip()).model_dump()
@@ -119,7 +121,7 @@ def test_cli_research_options_reach_the_submitted_job(
         "token_budget": 900, "max_queries": 2,
         "include_domains": ["energy.example", "heat.example"],
         "exclude_domains": ["spam.example"], "recency_days": 30, "max_age": 0,
-        "stale_if_error": True,
+        "stale_if_error": True, "depth": "deep",
     }  # fmt: skip
 
 
@@ -182,3 +184,23 @@ def test_the_api_docs_show_the_knobs_table_as_it_is() -> None:
     shown = text.split("| knob | default | range | what |\n|---|---|---|---|\n", 1)[1]
     shown = shown.split("\n<!-- /knobs -->", 1)[0]
     assert shown == knobs_table(), f"docs/api.md's knobs table is stale; now:\n{knobs_table()}"
+
+
+def test_every_surface_refuses_an_unknown_depth_naming_the_two(tmp_path: Path) -> None:
+    async def tool() -> str:
+        async with Client(build_mcp(_no_runtime)) as client:  # refused before any runtime
+            result = await client.call_tool("web_context", {"question": "q", "depth": "deeper"})
+        assert result.is_error
+        return str(result.content[0].text)  # type: ignore[union-attr]
+
+    said = anyio.run(tool)
+    assert "depth" in said and "'fast'" in said and "'deep'" in said, said
+    item, error = parse_item({"id": "a", "question": "q", "depth": "deeper"})
+    assert item is None and error is not None and "depth" in error and "'deep'" in error
+    env = clean_env(CELERY_BROKER_URL="redis://127.0.0.1:9/0",  # refused before it connects
+                    WEBCTX_QDRANT_PATH=str(tmp_path / "q"))  # fmt: skip
+    done = run_cli(env, "research", "q", "--depth", "deeper", "--no-wait")
+    assert done.returncode == 2 and "depth" in done.stderr and "'deep'" in done.stderr
+    app = create_app(Settings(api_auth="required"), host="127.0.0.1")
+    http = app.openapi()["components"]["schemas"]["JobSubmit"]["properties"]["depth"]
+    assert http["enum"] == ["fast", "deep"] and http["default"] == "fast"

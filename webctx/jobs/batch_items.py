@@ -158,7 +158,7 @@ def _request_schema() -> dict[str, Any]:
     return JobRequest.model_json_schema()
 
 
-_LATER_FIELDS: dict[str, object] = {"max_age": None, "stale_if_error": False}
+_LATER_FIELDS: dict[str, object] = {"max_age": None, "stale_if_error": False, "depth": "fast"}
 """Request fields added after batches were first digested, with their defaults."""
 
 
