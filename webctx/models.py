@@ -201,6 +201,13 @@ class Download(BaseModel):
     """The rule of the origin's /.well-known/tdmrep.json that reserves this URL, if any."""
 
 
+class PageLink(BaseModel):
+    """A same-site link a page shows: where it points and its anchor text."""
+
+    url: str
+    text: str = ""
+
+
 class Page(BaseModel):
     """The extracted main text of one source, plus its metadata."""
 
@@ -224,6 +231,9 @@ class Page(BaseModel):
     opt-outs are reported, not honoured (WEBCTX_FETCH__OPT_OUTS=report)."""
     noindex: str | None = None
     """The rule keeping the page out of the persistent index (`X-Robots-Tag: noindex`)."""
+    links: list[PageLink] = Field(default_factory=list)
+    """Same-site links the page shows (visible ones, in page order, capped): where a
+    `depth=deep` job's further round may look next."""
 
 
 class Retrieval(BaseModel):
@@ -334,6 +344,27 @@ class BundleChunk(BaseModel):
     """Of a PDF source: the first and last page (1-based) the chunk comes from."""
 
 
+class RoundStats(BaseModel):
+    """One round of a `depth=deep` job: what it sent and found, and what it left."""
+
+    round: int
+    queries: int = 0
+    """Search queries it sent."""
+    pages: int = 0
+    """New pages it chose to fetch (search results and same-site links)."""
+    links: int = 0
+    """Of those, same-site links of the best pages."""
+    new_chunks: int = 0
+    """Chunks its pages added."""
+    seconds: float = 0.0
+    facets: list[str] = Field(default_factory=list)
+    """The facets it looked for (round 1: the whole question)."""
+    missing: list[str] = Field(default_factory=list)
+    """Facets still weak or missing after it."""
+    stopped: str = ""
+    """The last round: why no further round followed (`sufficient`, `max_rounds`...)."""
+
+
 class BundleStats(BaseModel):
     """Counts and timings of one job."""
 
@@ -364,6 +395,8 @@ class BundleStats(BaseModel):
     """Sources whose text is the search provider's copy (`retrieved: "provider"`)."""
     elapsed_s: float = 0.0
     stage_s: dict[str, float] = Field(default_factory=dict)
+    rounds: list[RoundStats] = Field(default_factory=list)
+    """The rounds of a `depth=deep` job, in order; empty for `fast`."""
 
 
 class FacetCoverage(BaseModel):

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 from webctx.admission_settings import AdmissionSettings
 from webctx.breaker_settings import BreakerSettings
+from webctx.deep_settings import DeepSettings
 from webctx.env_names import ConfigFileSource, RenamedEnvSource
 from webctx.fetch_settings import FetchSettings as FetchSettings
 from webctx.fetch_settings import RenderSettings as RenderSettings
@@ -301,6 +302,7 @@ class Settings(BaseSettings, SearchProviderGroups):
     batch: BatchSettings = BatchSettings()
     breaker: BreakerSettings = BreakerSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    deep: DeepSettings = DeepSettings()
 
     @field_validator("allowed_networks", mode="before")
     @classmethod

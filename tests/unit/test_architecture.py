@@ -40,6 +40,7 @@ FLOORS: list[set[str]] = [
         "webctx.env_names",
         "webctx.breaker_settings",
         "webctx.admission_settings",
+        "webctx.deep_settings",
         "webctx.fetch_settings",
         "webctx.search_settings",
         "webctx.prefilter_settings",

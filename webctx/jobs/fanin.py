@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from webctx.jobs.store import JobStore
+from webctx.jobs.round_store import RoundRecord
+from webctx.jobs.store import JobStore, url_id_for
 from webctx.models import Bundle, BundleStats, Failure, JobStatus
 from webctx.stages.bundle import build_bundle
 from webctx.stages.search import merge_results
@@ -55,8 +56,14 @@ class FanIn:
             self._fetch_chosen(job_id)
 
     def _fetch_chosen(self, job_id: str) -> None:
-        """Merge every query's results, keep the best `max_sources`, fetch each."""
+        """Merge every query's results, keep the best `max_sources`, fetch each (a deep
+        job's further round: its own new URLs, `fetch_round`)."""
         request = self.jobs.request(job_id)
+        if request.depth == "deep":
+            latest = self.jobs.rounds.latest(job_id)
+            if latest is not None and latest.round > 1:
+                self.fetch_round(job_id, latest)
+                return
         merged = merge_results(
             self.jobs.search_results(job_id),
             include_domains=request.include_domains,
@@ -75,6 +82,36 @@ class FanIn:
         self.jobs.set_count(job_id, "results", len(merged))
         self.start("fetch", [(job_id, url_id) for url_id in url_ids])
         self.jobs.mark_next_started(job_id, "search")
+
+    def fetch_round(self, job_id: str, record: RoundRecord) -> None:
+        """Choose a further round's new URLs (its queries' results, then its links; none
+        the job has, at most its allowance) and fetch them; with none, rank again (the
+        round ends with nothing new). Chosen once: a redelivered search fetches the same."""
+        jobs = self.jobs
+        if not record.chosen:
+            request = jobs.request(job_id)
+            merged = merge_results(jobs.search_results(job_id)[record.queries_from :],
+                                   include_domains=request.include_domains,
+                                   exclude_domains=request.exclude_domains)  # fmt: skip
+            have = set(jobs.urls(job_id).values())
+            record.links = [u for u in record.links if u not in have]
+            room = max(0, record.page_allowance - len(record.links))
+            found = [r.url for r in merged if r.url not in have and r.url not in record.links]
+            record.chosen = [*found[:room], *record.links] or ["-"]
+            jobs.rounds.save(job_id, record)
+        chosen = [u for u in record.chosen if u != "-"]
+        jobs.rounds.add_urls(job_id, chosen, url_id_for)  # a redelivery adds none
+        if record.pages != len(chosen):
+            record.pages = len(chosen)
+            jobs.rounds.save(job_id, record)
+        if not chosen:
+            self.start("rank", [(job_id,)])
+            jobs.mark_next_started(job_id, "embed")
+            return
+        if self.warm is not None:
+            self.warm(chosen)
+        self.start("fetch", [(job_id, url_id_for(u)) for u in chosen])
+        jobs.mark_next_started(job_id, "search")
 
     def fetched(self, job_id: str, url_id: str) -> None:
         """One URL's fetch is done (for progress: each page then moves on by itself)."""

@@ -15,6 +15,7 @@ import redis
 
 from webctx.errors import ProviderDown, TransientError, WebctxError
 from webctx.jobs.engine import Engine, Retry
+from webctx.jobs.rounds import deepen, round_query_limit
 from webctx.models import Bundle, BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.stages.bundle import build_bundle
 from webctx.stages.compose import answer_prefiltered, answer_question
@@ -57,7 +58,10 @@ def search_one(engine: Engine, job_id: str, query_idx: int, *, retry: Retry) -> 
         jobs.mark_stage(job_id, "search", start=True)
         query = jobs.queries(job_id)[query_idx]
         # Each query alone should be able to fill the job's sources.
-        limit = max(engine.settings.search_results_per_query, jobs.request(job_id).max_sources)
+        request = jobs.request(job_id)
+        limit = max(engine.settings.search_results_per_query, request.max_sources)
+        if request.depth == "deep":  # a further round's query asks for more
+            limit = max(limit, round_query_limit(jobs, job_id, query_idx, engine.settings.deep))
         try:
             results = _cached_search(engine, job_id, query_idx, query, limit)
         except ProviderDown as exc:
@@ -223,6 +227,8 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
         logger.exception("rank failed", extra={"job_id": job_id})
         jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc or type(exc).__name__}")
         return
+    if request.depth == "deep" and deepen(engine, job_id, bundle, force=force):
+        return  # a further round runs; its last page ranks again
     jobs.mark_stage(job_id, "rank", start=False)
     bundle.stats.stage_s = jobs.stage_seconds(job_id)
     bundle.stats.elapsed_s = round(time.time() - jobs.created_at(job_id), 3)

@@ -22,6 +22,7 @@ import redis
 from webctx.errors import JobNotFound
 from webctx.jobs.admission import Admission
 from webctx.jobs.quota import StoredBytes
+from webctx.jobs.round_store import RoundStore
 from webctx.jobs.tenant_pages import TenantPages
 from webctx.models import Bundle, Failure, JobRequest, JobStatus, Page, Retrieval, SearchResult
 
@@ -82,6 +83,7 @@ class JobStore:
         self.stored = StoredBytes(client, ttl_s=ttl_s)
         self.admission = Admission(client)
         self.tenant_pages = TenantPages(client, ttl_s=ttl_s)
+        self.rounds = RoundStore(client, self._k, ttl_s=ttl_s)
 
     def _emit(self, event: str, job_id: str, facts: Mapping[str, Any]) -> None:
         for observer in self.observers:

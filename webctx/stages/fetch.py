@@ -12,7 +12,7 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -24,10 +24,11 @@ from trafilatura.metadata import examine_meta, extract_meta_json, extract_title
 from trafilatura.utils import load_html
 
 from webctx.errors import ExtractionError, Interstitial, NeedsRender, UnsupportedContent
-from webctx.models import Download, Page
+from webctx.models import Download, Page, PageLink
 from webctx.protocols import Fetcher, PdfReader
 from webctx.stages.format_chars import protect
 from webctx.stages.language import declared_language, detect_language
+from webctx.stages.links import same_site_links
 from webctx.stages.pdf import extract_pdf
 from webctx.stages.shell import script_shell
 from webctx.stages.visibility import remove_hidden, strip_invisible
@@ -68,6 +69,7 @@ class _Meta:
     author: str | None = None
     published: str | None = None
     language: str | None = None
+    links: list[PageLink] = field(default_factory=list)
 
 
 def fetch_page(
@@ -132,6 +134,7 @@ def extract_page(
         text=text,
         etag=download.etag,
         last_modified=download.last_modified,
+        links=meta.links,
     )
 
 
@@ -198,8 +201,10 @@ def _extract_html(html: str, url: str) -> tuple[str, _Meta]:
     try:
         tree = load_html(html)  # parsed once: metadata reads it first, extraction then cleans it
         meta = _metadata(tree, html, url)
+        links: list[PageLink] = []
         if tree is not None:
             remove_hidden(tree)  # text a reader does not see is not the page's (visibility.py)
+            links = same_site_links(tree, url)  # before trafilatura cleans the tree
         doc = trafilatura.bare_extraction(
             tree if tree is not None else html,
             url=url,
@@ -214,7 +219,7 @@ def _extract_html(html: str, url: str) -> tuple[str, _Meta]:
         raise ExtractionError(url, f"extractor failed: {type(exc).__name__}: {exc}") from exc
     meta = _Meta(title=_clean(kept.restore(meta.title)), site=_clean(kept.restore(meta.site)),
                  author=_clean(kept.restore(meta.author)) if meta.author else None,
-                 published=meta.published, language=meta.language)  # fmt: skip
+                 published=meta.published, language=meta.language, links=links)  # fmt: skip
     if doc is None or isinstance(doc, dict):
         return "", meta
     # Invisible word splitters go before hashing and chunking: offsets index this text.
