@@ -16,7 +16,6 @@ from webctx.stages.deepen import (
     facet_queries,
     pick_links,
     plan_round,
-    split_question,
     stop_reason,
 )
 from webctx.stages.links import same_site_links
@@ -35,11 +34,6 @@ def _bundle(texts: list[str], pages: list[str] | None = None) -> Bundle:
                           score=1.0 - i / 10) for i, t in enumerate(texts)]  # fmt: skip
     return Bundle(job_id="j", question=f"{FIRST} {SECOND}", queries=[], sources=sources,
                   chunks=chunks)  # fmt: skip
-
-
-def test_a_compound_question_splits_into_its_questions() -> None:
-    assert split_question(f"{FIRST} {SECOND}") == [FIRST, SECOND]
-    assert split_question("how do heat pumps work") == ["how do heat pumps work"]
 
 
 def test_a_facet_no_chunk_speaks_of_is_missing_and_one_that_is_covered_is_supported() -> None:

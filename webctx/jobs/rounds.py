@@ -29,17 +29,19 @@ from webctx.stages.deepen import (
     check_facets,
     facets_needing_round,
     plan_round,
-    split_question,
     stop_reason,
 )
+from webctx.stages.facets import split_facets
 
 logger = logging.getLogger(__name__)
 
 
 def bundle_facets(bundle: Bundle) -> list[Facet]:
-    """The bundle's facets and how well it covers each (the lexical check of
-    `webctx.stages.deepen` until the bundle carries its own coverage)."""
-    return list(check_facets(bundle, split_question(bundle.question)))
+    """The bundle's facets and how well it covers each: its coverage, or for a bundle
+    without one the lexical check of `webctx.stages.deepen`."""
+    if bundle.coverage is not None:
+        return list(bundle.coverage.facets)
+    return list(check_facets(bundle, split_facets(bundle.question)))
 
 
 def deepen(engine: Engine, job_id: str, bundle: Bundle, *, force: bool = False) -> bool:

@@ -22,7 +22,6 @@ Status = Literal["supported", "weak", "missing"]
 NEEDS_ROUND: frozenset[str] = frozenset({"weak", "missing"})
 TERMS_PER_QUERY = 3
 """Terms of a facet's best passages added to its second query."""
-_SPLIT = re.compile(r"(?<=[?])\s+|(?<=[.!;])\s+(?=[A-Z])")
 _WORDS = re.compile(r"\w+", re.UNICODE)
 
 
@@ -54,12 +53,6 @@ class RoundPlan:
     facets: list[str]
     queries: list[str]
     links: list[str]
-
-
-def split_question(question: str) -> list[str]:
-    """The question's facets: its sentences and questions ("Q1? Q2?" -> two), in order."""
-    parts = [p.strip() for p in _SPLIT.split(question.strip())]
-    return [p for p in parts if content_words(p)] or [question]
 
 
 def facets_needing_round(facets: Sequence[Facet]) -> list[Facet]:
