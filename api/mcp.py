@@ -75,6 +75,11 @@ search queries, fetches up to `max_sources` pages, and returns the passages most
 relevant to the question, packed into `token_budget` tokens, each with a citation
 number [n] that maps to a source URL and title. Cite those numbers in your answer.
 
+`depth="deep"` for a question of several parts (two questions at once, a comparison): the
+job then runs further search rounds for the parts its first passages leave weak or
+missing (queries for that part alone, same-site links of the best pages), within bounds;
+slower than the default `"fast"`, one round.
+
 Returns Markdown for reading plus the bundle as JSON (structured content: sources,
 chunks with character offsets, failures, stats; `status` "succeeded"). A job takes
 seconds to a minute or two; progress notifications are sent while it runs. The call
