@@ -36,7 +36,7 @@ import redis  # noqa: E402
 
 from bench._report import write_section  # noqa: E402
 from bench.batch_workers import Workers  # noqa: E402
-from bench.qa_web import MODEL, QAWeb, Question, shared_qa, start_qa_web  # noqa: E402
+from bench.qa_web import MODEL, OUT, QAWeb, Question, shared_qa, start_qa_web  # noqa: E402
 from bench.recall_scoring import hit  # noqa: E402
 from webctx.adapters.httpx_fetcher import HttpxFetcher  # noqa: E402
 from webctx.models import Bundle  # noqa: E402
@@ -187,13 +187,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--docs", type=int, default=30,
+                        help="the QA web holds the first N pages (their vectors are computed "
+                        "ahead: minutes of CPU per 30 pages)")  # fmt: skip
     parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
     args = parser.parse_args()
     loaded = shared_qa()
     if loaded is None:
         return
     docs, questions = loaded
-    pairs = compound_questions(questions, args.questions, args.seed)
+    docs = docs[: args.docs]
+    held = {d.id for d in docs}
+    pairs = compound_questions([q for q in questions if q.doc_id in held], args.questions,
+                               args.seed)  # fmt: skip
     web = start_qa_web(docs)
     try:
         warm = warm_vectors(web)
@@ -208,7 +214,14 @@ def main() -> None:
         web.stop()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "unknown CPU")  # fmt: skip
-    body = report(pairs, sides["fast"], sides["deep"]) + f"\n\nCPU: {cpu}, {os.cpu_count()} cores."
+    for depth, bundles in sides.items():  # for a look at the misses
+        dump = OUT / f"deep-bundles-{depth}.jsonl"
+        dump.write_text("".join(b.model_dump_json() + "\n" for b in bundles))
+    body = (
+        f"The QA web's first {len(docs)} pages (its search over those alone). "
+        + report(pairs, sides["fast"], sides["deep"])
+        + f"\n\nCPU: {cpu}, {os.cpu_count()} cores."
+    )
     print(body)  # noqa: T201
     if args.write:
         write_section("deep", body)
