@@ -4,7 +4,9 @@ job time side by side in one run, through real jobs (a `webctx worker` process p
 A compound question joins two questions about different pages: "Q1 Q2". A bundle hits
 when it holds an answer string of both (bench/recall_scoring.py `hit`, at 1,000 tokens).
 Recovered: the share of the compound questions `fast` misses that `deep` hits. Job time:
-each bundle's `stats.elapsed_s` (submitted to bundle saved), one job at a time.
+each bundle's `stats.elapsed_s` (submitted to bundle saved), one job at a time, a
+question's fast and deep jobs one after the other (which first alternates), so both
+sides meet the machine's load alike.
 
 Both sides get the same treatment: their own Redis database and vector store (no page
 one side embedded is known to the other), and every page's chunk vectors computed before
@@ -106,32 +108,46 @@ def side_env(web: QAWeb, depth: str, scratch: Path) -> dict[str, str]:
     return env
 
 
-def run_side(
-    web: QAWeb, depth: str, pairs: list[tuple[Question, Question]], scratch: Path
-) -> list[Bundle]:
-    """Every compound question as a job of `depth`, one at a time, on its own worker."""
-    client = redis.Redis.from_url(f"{REDIS}/{DATABASES[depth]}")
-    client.flushdb()
-    env = side_env(web, depth, scratch)
-    workers = Workers(env, 1, scratch, threads=8)
-    bundles = []
+def run_job(env: dict[str, str], depth: str, question: str) -> Bundle:
+    """One job of `depth`, waited for (`webctx research`)."""
+    knobs = ["--max-sources", str(MAX_SOURCES), "--max-queries", str(MAX_QUERIES),
+             "--top-k", str(TOP_K), "--token-budget", str(BUDGET)]  # fmt: skip
+    cmd = [sys.executable, "-m", "webctx.cli", "research", question, "--format", "json",
+           "--depth", depth, *knobs]  # fmt: skip
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{depth} job failed: {done.stderr[-2000:]}")
+    return Bundle.model_validate_json(done.stdout)
+
+
+def run_sides(
+    web: QAWeb, pairs: list[tuple[Question, Question]], scratch: Path
+) -> dict[str, list[Bundle]]:
+    """Every compound question as a fast job and a deep job, one job at a time, the two
+    in turn (which goes first alternates), each side on its own worker."""
+    clients = {d: redis.Redis.from_url(f"{REDIS}/{n}") for d, n in DATABASES.items()}
+    envs = {depth: side_env(web, depth, scratch) for depth in DATABASES}
+    workers = []
+    out: dict[str, list[Bundle]] = {depth: [] for depth in DATABASES}
     try:
+        for depth, client in clients.items():
+            client.flushdb()
+            logs = scratch / depth
+            logs.mkdir()
+            workers.append(Workers(envs[depth], 1, logs, threads=8))
         for n, (a, b) in enumerate(pairs):
             question = f"{a.question.strip()} {b.question.strip()}"
-            knobs = ["--max-sources", str(MAX_SOURCES), "--max-queries", str(MAX_QUERIES),
-                     "--top-k", str(TOP_K), "--token-budget", str(BUDGET)]  # fmt: skip
-            cmd = [sys.executable, "-m", "webctx.cli", "research", question, "--format", "json",
-                   "--depth", depth, *knobs]  # fmt: skip
-            done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=300, check=False)  # fmt: skip
-            if done.returncode not in (0, 1):
-                raise SystemExit(f"{depth} job {n} failed: {done.stderr[-2000:]}")
-            bundles.append(Bundle.model_validate_json(done.stdout))
+            order = ("fast", "deep") if n % 2 == 0 else ("deep", "fast")
+            for depth in order:
+                out[depth].append(run_job(envs[depth], depth, question))
     finally:
-        workers.stop()
-        client.flushdb()
-        client.close()
-    return bundles
+        for worker in workers:
+            worker.stop()
+        for client in clients.values():
+            client.flushdb()
+            client.close()
+    return out
 
 
 def both_hit(pair: tuple[Question, Question], bundle: Bundle) -> bool:
@@ -205,11 +221,9 @@ def main() -> None:
         warm = warm_vectors(web)
         print(f"page vectors ready in {warm:.0f}s ({web.embedder.computed} computed)", flush=True)  # noqa: T201
         with tempfile.TemporaryDirectory(prefix="webctx-deep-") as scratch:
-            sides = {}
-            for depth in ("fast", "deep"):
-                started = time.perf_counter()
-                sides[depth] = run_side(web, depth, pairs, Path(scratch))
-                print(f"{depth}: {time.perf_counter() - started:.0f}s", flush=True)  # noqa: T201
+            started = time.perf_counter()
+            sides = run_sides(web, pairs, Path(scratch))
+            print(f"jobs: {time.perf_counter() - started:.0f}s", flush=True)  # noqa: T201
     finally:
         web.stop()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
