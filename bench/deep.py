@@ -16,7 +16,7 @@ tokens each side sends to the embeddings endpoint are counted and compared apart
     .venv/bin/python bench/deep.py [--questions 60] [--seed 0] [--write]
 
 Needs a Redis (WEBCTX_BENCH_REDIS_URL, default redis://127.0.0.1:$WEBCTX_TEST_REDIS_PORT);
-databases 11 and 12 are flushed.
+databases 14 and 15 are flushed.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ BUDGET, MAX_SOURCES, MAX_QUERIES, TOP_K = 1000, 8, 4, 200
 REDIS = os.environ.get(
     "WEBCTX_BENCH_REDIS_URL", f"redis://127.0.0.1:{os.environ.get('WEBCTX_TEST_REDIS_PORT', 6379)}"
 )
-DATABASES = {"fast": 11, "deep": 12}
+DATABASES = {"fast": 14, "deep": 15}  # not 11: the tests' default database
 
 
 def compound_questions(
@@ -116,8 +116,8 @@ def run_job(env: dict[str, str], depth: str, question: str) -> Bundle:
            "--depth", depth, *knobs]  # fmt: skip
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           check=False)  # fmt: skip
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"{depth} job failed: {done.stderr[-2000:]}")
+    if done.returncode not in (0, 1) or not done.stdout.strip():
+        raise SystemExit(f"{depth} job without a bundle: {done.stderr[-3000:]}")
     return Bundle.model_validate_json(done.stdout)
 
 
@@ -199,6 +199,17 @@ def report(pairs: list[tuple[Question, Question]], fast: list[Bundle], deep: lis
     return "\n".join(lines)
 
 
+def cpu_line() -> str:
+    """The CPU's model, its cores, the vector-instruction flags it has, the load."""
+    info = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in info if ln.startswith("flags")), set())
+    wanted = ("avx2", "avx512_vnni", "avx512_bf16", "amx_tile")
+    has = ", ".join(f for f in wanted if f in flags) or "none of " + ", ".join(wanted)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"CPU: {model}, {os.cpu_count()} cores ({has}); load average {load} at the end."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=60)
@@ -226,15 +237,14 @@ def main() -> None:
             print(f"jobs: {time.perf_counter() - started:.0f}s", flush=True)  # noqa: T201
     finally:
         web.stop()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown CPU")  # fmt: skip
+    cpu = cpu_line()
     for depth, bundles in sides.items():  # for a look at the misses
         dump = OUT / f"deep-bundles-{depth}.jsonl"
         dump.write_text("".join(b.model_dump_json() + "\n" for b in bundles))
     body = (
         f"The QA web's first {len(docs)} pages (its search over those alone). "
         + report(pairs, sides["fast"], sides["deep"])
-        + f"\n\nCPU: {cpu}, {os.cpu_count()} cores."
+        + f"\n\n{cpu}"
     )
     print(body)  # noqa: T201
     if args.write:
