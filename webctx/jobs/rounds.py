@@ -22,8 +22,7 @@ from webctx.deep_settings import DeepSettings
 from webctx.jobs.engine import Engine
 from webctx.jobs.round_store import RoundRecord
 from webctx.jobs.store import JobStore
-from webctx.models import Bundle, BundleStats, Page, RoundStats, ScoredChunk
-from webctx.stages.compose import prefilter_candidates, retrieve_candidates
+from webctx.models import Bundle, RoundStats
 from webctx.stages.deepen import (
     Facet,
     Spent,
@@ -32,47 +31,9 @@ from webctx.stages.deepen import (
     plan_round,
     stop_reason,
 )
-from webctx.stages.facet_rank import bundle_by_facets
 from webctx.stages.facets import split_facets
-from webctx.stages.store import vector_lookup
 
 logger = logging.getLogger(__name__)
-
-
-def facet_bundle(
-    engine: Engine,
-    job_id: str,
-    pages: dict[str, Page],
-    stats: BundleStats,
-    *,
-    prefiltered: bool,
-) -> Bundle | None:
-    """A deep job's bundle packed facet by facet (`webctx.stages.facet_rank`), or None for
-    a question of one facet (ranked as any job's)."""
-    jobs, settings = engine.jobs, engine.settings
-    request = jobs.request(job_id)
-    facets = split_facets(request.question)
-    if len(facets) < 2:
-        return None
-
-    def candidates(facet: str) -> list[ScoredChunk]:
-        if prefiltered:
-            return prefilter_candidates(
-                question=facet, pages=pages, stats=stats, embedder=engine.embedder,
-                chunking=settings.chunk, embedding=settings.embed, prefilter=settings.prefilter,
-                cache=engine.cache, limiter=engine.limiter,
-            ).candidates  # fmt: skip
-        return retrieve_candidates(question=facet, pages=pages, stats=stats,
-                                   embedder=engine.embedder, store=engine.store,
-                                   top_k=request.top_k, embedding=settings.embed,
-                                   cache=engine.cache, limiter=engine.limiter)  # fmt: skip
-
-    vectors = None if prefiltered else vector_lookup(engine.store, engine.embedder.model)
-    return bundle_by_facets(job_id=job_id, question=request.question, facets=facets,
-                            candidates=candidates, queries=jobs.queries(job_id), pages=pages,
-                            failures=jobs.failures(job_id), stats=stats, top_k=request.top_k,
-                            token_budget=request.token_budget, vectors=vectors,
-                            retrievals=jobs.retrievals(job_id))  # fmt: skip
 
 
 def bundle_facets(bundle: Bundle) -> list[Facet]:

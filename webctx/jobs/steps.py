@@ -15,7 +15,7 @@ import redis
 
 from webctx.errors import ProviderDown, TransientError, WebctxError
 from webctx.jobs.engine import Engine, Retry
-from webctx.jobs.rounds import deepen, facet_bundle, round_query_limit
+from webctx.jobs.rounds import deepen, round_query_limit
 from webctx.models import Bundle, BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.stages.bundle import build_bundle
 from webctx.stages.compose import answer_prefiltered, answer_question
@@ -203,11 +203,7 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
         return
     lexical_first = prefiltered(engine, job_id)
     try:
-        deep = request.depth == "deep"
-        by_facets = deep and facet_bundle(engine, job_id, pages, stats, prefiltered=lexical_first)
-        if by_facets:
-            bundle = by_facets
-        elif lexical_first:
+        if lexical_first:
             bundle = _answer_prefiltered(engine, job_id, queries, pages, failures, stats)
         else:
             bundle = answer_question(

@@ -71,12 +71,9 @@ class JobStore:
     that builds the store chooses them (the worker's app, the API's runtime)."""
 
     def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        ttl_s: int = 7 * 24 * 3600,
+        self, client: redis.Redis, *, ttl_s: int = 7 * 24 * 3600,
         observers: Sequence[JobObserver] = (),
-    ) -> None:
+    ) -> None:  # fmt: skip
         self._redis = client
         self.ttl_s = ttl_s
         self.observers = tuple(observers)
