@@ -55,6 +55,7 @@ GROUP_TITLES = {
     "index": "Index (docs/index.md)",
     "batch": "Batches (docs/batch.md)",
     "admission": "Admission of jobs per tenant (docs/api.md)",
+    "coverage": "The coverage judge (docs/bundle.md)",
 }
 MACHINE_DEFAULTS = {
     "data_dir": "the user data directory (`~/.local/share/webctx` on Linux)",

@@ -393,6 +393,9 @@ class BundleStats(BaseModel):
     """Search requests sent to each provider (answered or failed; one a breaker skipped is none)."""
     from_provider: int = 0
     """Sources whose text is the search provider's copy (`retrieved: "provider"`)."""
+    coverage_judge: str = ""
+    """The coverage judge's outcome: "" (off), `applied`, or `skipped: <why>` (the numbers
+    stand)."""
     elapsed_s: float = 0.0
     stage_s: dict[str, float] = Field(default_factory=dict)
     rounds: list[RoundStats] = Field(default_factory=list)

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 from webctx.admission_settings import AdmissionSettings
 from webctx.breaker_settings import BreakerSettings
+from webctx.coverage_settings import CoverageSettings
 from webctx.deep_settings import DeepSettings
 from webctx.env_names import ConfigFileSource, RenamedEnvSource
 from webctx.fetch_settings import FetchSettings as FetchSettings
@@ -159,8 +160,9 @@ class Settings(BaseSettings, SearchProviderGroups):
     search_results_per_query: int = 10
     """Results asked for per query."""
     planner_model: str | None = None
-    """A chat model name: plan queries with it through the OpenAI-compatible API (falls back to the
-    rule-based planner on any error)."""
+    """A chat model name: plan queries and the question's facets with it through the
+    OpenAI-compatible API (falls back to the rule-based planner on any error, and to the rules'
+    facets when its facets are not valid)."""
 
     openai_base_url: str | None = Field(default=None, validation_alias="OPENAI_BASE_URL")
     """Any OpenAI-compatible server (Azure OpenAI, Ollama, vLLM, TEI, LM Studio); unset: OpenAI."""
@@ -301,6 +303,7 @@ class Settings(BaseSettings, SearchProviderGroups):
     index: IndexSettings = IndexSettings()
     batch: BatchSettings = BatchSettings()
     breaker: BreakerSettings = BreakerSettings()
+    coverage: CoverageSettings = CoverageSettings()
     admission: AdmissionSettings = AdmissionSettings()
     deep: DeepSettings = DeepSettings()
 

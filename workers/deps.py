@@ -20,13 +20,13 @@ from webctx.jobs.admission import Publish, admission_caps
 from webctx.jobs.batches import BatchStore
 from webctx.jobs.caches import PageCache, SearchCache, StoredPages
 from webctx.jobs.embed_cache import RedisEmbeddingCache
-from webctx.jobs.engine import Engine, Plan, store_scope
+from webctx.jobs.engine import Engine, Judge, Plan, store_scope
 from webctx.jobs.fanin import FanIn, Start
 from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobObserver, JobStore
 from webctx.jobs.task_records import TaskRecords
 from webctx.jobs.tenants import TenantStore
-from webctx.models import Page
+from webctx.models import Bundle, Page
 from webctx.net.addresses import AddressPolicy
 from webctx.net.breaker import (
     BreakerPolicy,
@@ -45,7 +45,8 @@ from webctx.protocols import (
     VectorStore,
 )
 from webctx.settings import EmbedSettings, Settings
-from webctx.stages.plan import LLMPlanner, plan_queries
+from webctx.stages.judge import CoverageJudge, judge_bundle
+from webctx.stages.plan import LLMPlanner, QueryPlan, plan_question
 from webctx.workers.search_deps import build_search
 
 logger = logging.getLogger("webctx.deps")
@@ -414,6 +415,7 @@ def build_engine(
         fetcher=fetcher,
         embedder=embedder,
         plan=build_planner(settings),
+        judge=build_judge(settings),
         page_cache=stores.page_cache(ttl_s=settings.page_cache_ttl_s),
         search_cache=stores.search_cache(
             ttl_s=settings.search_cache_ttl_s, provider=getattr(search, "name", "")
@@ -434,13 +436,13 @@ def build_engine(
 
 
 def build_planner(settings: Settings) -> Plan:
-    """Rule-based query planning, or an LLM's (WEBCTX_PLANNER_MODEL) through the
+    """Rule-based query and facet planning, or an LLM's (WEBCTX_PLANNER_MODEL) through the
     OpenAI-compatible API."""
     model = settings.planner_model
     if not model:
-        return lambda question, n: plan_queries(question, max_queries=n)
+        return lambda question, n: plan_question(question, max_queries=n)
 
-    def plan(question: str, n: int) -> list[str]:
+    def plan(question: str, n: int) -> QueryPlan:
         from openai import OpenAI
 
         key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "none"
@@ -448,3 +450,22 @@ def build_planner(settings: Settings) -> Plan:
         return LLMPlanner(client, model).plan(question, n)
 
     return plan
+
+
+def build_judge(settings: Settings) -> Judge | None:
+    """The coverage judge (WEBCTX_COVERAGE__JUDGE_MODEL) through the OpenAI-compatible API
+    the planner uses; None when no model is set."""
+    model, coverage = settings.coverage.judge_model, settings.coverage
+    if not model:
+        return None
+
+    def judge(bundle: Bundle) -> None:
+        from openai import OpenAI
+
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "none"
+        client = OpenAI(base_url=settings.openai_base_url, api_key=key, max_retries=0,
+                        timeout=coverage.judge_timeout_s)  # fmt: skip
+        judge_bundle(bundle, CoverageJudge(client, model, timeout_s=coverage.judge_timeout_s,
+                                           max_passages=coverage.judge_passages))  # fmt: skip
+
+    return judge

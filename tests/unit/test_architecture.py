@@ -44,6 +44,7 @@ FLOORS: list[set[str]] = [
         "webctx.fetch_settings",
         "webctx.search_settings",
         "webctx.prefilter_settings",
+        "webctx.coverage_settings",
         "webctx.settings",
         "webctx.devweb",
     },

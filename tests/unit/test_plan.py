@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import openai
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
+from tests.chatweb import ChatScript, chat_server
 from webctx.devweb.server import LoopbackServer
-from webctx.stages.plan import LLMPlanner, parse_query_list, plan_queries
+from webctx.stages.facets import split_facets
+from webctx.stages.plan import (
+    MAX_FACET_CHARS,
+    MAX_FACETS,
+    LLMPlanner,
+    parse_facets,
+    parse_query_list,
+    plan_queries,
+    plan_question,
+)
 
 QUESTION = "How does Celery handle task retries when Redis restarts?"
 
@@ -72,42 +78,10 @@ def test_parse_query_list_is_lenient(content: str) -> None:
     assert parse_query_list(content) == ["celery retries", "redis aof"]
 
 
-@dataclass
-class ChatScript:
-    """What the loopback chat API answers next, and what it was asked."""
-
-    content: str = "[]"
-    status: int = 200
-    requests: list[dict[str, object]] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def chat() -> Iterator[tuple[LoopbackServer, ChatScript]]:
-    script = ChatScript()
-
-    async def completions(request: Request) -> Response:
-        body = await request.json()
-        script.requests.append(body)
-        if script.status != 200:
-            error = {"message": "boom", "type": "server_error", "param": None, "code": None}
-            return JSONResponse({"error": error}, status_code=script.status)
-        message = {"role": "assistant", "content": script.content}
-        choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
-        usage = {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
-        return JSONResponse(
-            {
-                "id": "chatcmpl-test",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
-
-    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
-    with LoopbackServer(app) as server:
-        yield server, script
+    with chat_server() as served:
+        yield served
 
 
 def planner(server: LoopbackServer) -> LLMPlanner:
@@ -120,8 +94,8 @@ def test_llm_planner_puts_question_first_then_model_queries(
 ) -> None:
     server, script = chat
     script.status, script.content = 200, '["celery retry backoff", "Celery Retry Backoff", "x"]'
-    queries = planner(server).plan(QUESTION, 3)
-    assert queries == [QUESTION, "celery retry backoff", "x"]
+    plan = planner(server).plan(QUESTION, 3)
+    assert plan.queries == [QUESTION, "celery retry backoff", "x"]
     assert script.requests[-1]["model"] == "planner-model"
 
 
@@ -135,6 +109,61 @@ def test_llm_planner_falls_back_to_rules_and_logs(
     server, script = chat
     script.status, script.content = status, content
     with caplog.at_level(logging.WARNING, logger="webctx.stages.plan"):
-        queries = planner(server).plan(QUESTION, 3)
-    assert queries == plan_queries(QUESTION, max_queries=3)
+        plan = planner(server).plan(QUESTION, 3)
+    assert plan == plan_question(QUESTION, max_queries=3)
     assert "llm planner failed" in caplog.text
+
+
+TWO_PART = "Who founded Acme Corp and when did it go public"
+"""Asked without a mark between its parts: the rules see one facet, a model two."""
+
+
+def test_llm_planner_returns_the_models_facets(chat: tuple[LoopbackServer, ChatScript]) -> None:
+    server, script = chat
+    facets = ["Who founded Acme Corp?", "When did Acme Corp go public?"]
+    script.status = 200
+    script.content = json.dumps({"queries": ["acme founder", "acme ipo"],
+                                 "facets": [*facets, " who founded  acme corp? "]})  # fmt: skip
+    plan = planner(server).plan(TWO_PART, 3)
+    assert split_facets(TWO_PART) == [TWO_PART]
+    assert plan.facets == facets
+    assert plan.queries == [TWO_PART, "acme founder", "acme ipo"]
+    system = script.requests[-1]["messages"][0]["content"]  # type: ignore[index]
+    assert '"facets"' in system
+
+
+def test_llm_planner_one_facet_is_the_question(chat: tuple[LoopbackServer, ChatScript]) -> None:
+    server, script = chat
+    script.status = 200
+    script.content = '{"queries": ["celery retries"], "facets": ["Celery retries on restart?"]}'
+    assert planner(server).plan(f"  {QUESTION} ", 3).facets == [QUESTION]
+
+
+@pytest.mark.parametrize(
+    "facets",
+    [None, [], "one string", ["ok", ""], ["ok", 3], ["x" * (MAX_FACET_CHARS + 1)],
+     [f"part {n}?" for n in range(MAX_FACETS + 1)]],
+)  # fmt: skip
+def test_llm_planner_without_valid_facets_keeps_its_queries_and_splits_by_rule(
+    chat: tuple[LoopbackServer, ChatScript],
+    caplog: pytest.LogCaptureFixture,
+    facets: object,
+) -> None:
+    server, script = chat
+    question = "Who founded Acme Corp? When did the company go public?"
+    answer: dict[str, object] = {"queries": ["acme founder"]}
+    if facets is not None:
+        answer["facets"] = facets
+    script.status, script.content = 200, json.dumps(answer)
+    with caplog.at_level(logging.WARNING, logger="webctx.stages.plan"):
+        plan = planner(server).plan(question, 3)
+    assert plan.queries == [question, "acme founder"]
+    assert plan.facets == split_facets(question) and len(plan.facets) == 2
+    assert "no valid facets" in caplog.text
+
+
+def test_parse_facets_reads_a_fenced_object() -> None:
+    content = '```json\n{"queries": ["a"], "facets": ["What is A?", "What is B?"]}\n```'
+    assert parse_facets(content) == ["What is A?", "What is B?"]
+    assert parse_query_list(content) == ["a"]
+    assert parse_facets('["a", "b"]') is None

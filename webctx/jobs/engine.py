@@ -20,7 +20,7 @@ from webctx.jobs.fanin import FanIn
 from webctx.jobs.group_flush import GroupFlush
 from webctx.jobs.staging import ChunkStaging
 from webctx.jobs.store import JobStore
-from webctx.models import Page
+from webctx.models import Bundle, Page
 from webctx.net.breaker import ProviderBreaker
 from webctx.net.ratelimit import RedisRateLimiter
 from webctx.protocols import (
@@ -34,6 +34,7 @@ from webctx.protocols import (
     VectorStore,
 )
 from webctx.settings import Settings
+from webctx.stages.plan import QueryPlan
 
 if TYPE_CHECKING:  # the extraction (trafilatura) loads where pages are fetched, not in clients
     from webctx.stages.fetch import HtmlExtractor
@@ -46,8 +47,10 @@ they are spent (the step then records the failure)."""
 IndexedCopy = Callable[[str, str, float], tuple[Page, float] | None]
 """The persistent index's copy of a URL for a tenant (tenant, url, max age in seconds) and
 when it was last confirmed current (epoch seconds), or None."""
-Plan = Callable[[str, int], list[str]]
-"""Search queries for a question, at most n."""
+Plan = Callable[[str, int], QueryPlan]
+"""A question's plan: at most n search queries, and its facets."""
+Judge = Callable[[Bundle], None]
+"""Combines a judge's verdicts with a bundle's coverage, in place (`judge_bundle`)."""
 
 
 @dataclass
@@ -80,6 +83,8 @@ class Engine:
     """Reads PDFs (in a sandbox); None: PDFs fail `unsupported_content`."""
     html: HtmlExtractor | None = None
     """Extracts HTML pages in child processes when one is idle (the local service)."""
+    judge: Judge | None = None
+    """The coverage judge (WEBCTX_COVERAGE__JUDGE_MODEL); None: the numbers alone."""
     counts_ahead: CountsAhead = field(default_factory=CountsAhead)
     """The BM25 term counts of jobs' chunks, counted as their pages were embedded here."""
     _store: VectorStore | None = None

@@ -41,8 +41,9 @@ def plan_job(engine: Engine, job_id: str) -> None:
     queries = jobs.queries(job_id)
     if not queries:
         request = jobs.request(job_id)
-        queries = engine.plan(request.question, request.max_queries)
-        jobs.set_queries(job_id, queries)
+        plan = engine.plan(request.question, request.max_queries)
+        queries = plan.queries
+        jobs.set_queries(job_id, queries, plan.facets)  # rank and coverage read these facets
     jobs.mark_stage(job_id, "plan", start=False)
     logger.info("job planned", extra={"job_id": job_id, "queries": len(queries)})
     engine.fanin.planned(job_id, queries=len(queries), question_ahead=engine.cache is not None)
@@ -197,6 +198,7 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
     jobs.mark_stage(job_id, "rank", start=True)
     request, pages = jobs.request(job_id), jobs.pages(job_id)
     failures, queries = jobs.failures(job_id), jobs.queries(job_id)
+    facets = planned_facets(engine, job_id)
     stats = _stats(engine, job_id, pages_count=len(pages))
     if not pages:
         _finish_failed(engine, job_id, request.question, queries, failures, stats, force=force)
@@ -213,6 +215,7 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
                 embedding=engine.settings.embed, cache=engine.cache, limiter=engine.limiter,
                 question_vector=_question_ahead(engine, job_id, request.question),
                 retrievals=jobs.retrievals(job_id), counted=engine.counts_ahead.take(job_id),
+                facets=facets,
             )  # fmt: skip
     except ProviderDown as exc:
         provider_down(engine, job_id, exc)
@@ -227,6 +230,8 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
         logger.exception("rank failed", extra={"job_id": job_id})
         jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc or type(exc).__name__}")
         return
+    if engine.judge is not None:
+        engine.judge(bundle)  # never raises: on any failure the numbers stand, and say so
     if request.depth == "deep" and deepen(engine, job_id, bundle, force=force):
         return  # a further round runs; its last page ranks again
     jobs.mark_stage(job_id, "rank", start=False)
@@ -240,6 +245,13 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
         # which outlives the command that asked (the command has its answer already).
         if lexical_first:
             engine.fanin.index_later(job_id)
+
+
+def planned_facets(engine: Engine, job_id: str) -> list[str]:
+    """The facets the job's plan gave its question; a job planned before plans held facets
+    gets the rules' (`split_facets`), as its plan would have."""
+    facets = engine.jobs.queries(job_id, "facets")
+    return facets or split_facets(engine.jobs.request(job_id).question)
 
 
 def prefiltered(engine: Engine, job_id: str) -> bool:
@@ -269,7 +281,7 @@ def _answer_prefiltered(
         token_budget=request.token_budget, chunking=settings.chunk, embedding=settings.embed,
         prefilter=settings.prefilter, cache=engine.cache, limiter=engine.limiter,
         question_vector=_question_ahead(engine, job_id, request.question),
-        retrievals=engine.jobs.retrievals(job_id),
+        retrievals=engine.jobs.retrievals(job_id), facets=planned_facets(engine, job_id),
         chunks_per_s=getattr(engine.embedder, "chunks_per_s", None),
     )  # fmt: skip
 
@@ -329,7 +341,7 @@ def _finish_failed(
     """End a job that has no page: a bundle listing the failures, and the reason."""
     bundle = build_bundle(job_id=job_id, question=question, queries=queries, pages={},
                           ranked=[], failures=failures, stats=stats)  # fmt: skip
-    bundle.coverage = assess_coverage(split_facets(question), [])  # every facet missing
+    bundle.coverage = assess_coverage(planned_facets(engine, job_id), [])  # all missing
     engine.jobs.save_bundle(job_id, bundle)
     if force and not failures:
         error = "deadline reached before any source was fetched"

@@ -245,13 +245,14 @@ class JobStore:
         return raw in (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
     # -- plan and search --------------------------------------------------------------------
-    def set_queries(self, job_id: str, queries: Sequence[str]) -> None:
-        """Record the planned search queries."""
-        self._redis.hset(self._k(job_id, "meta"), "queries", json.dumps(list(queries)))
+    def set_queries(self, job_id: str, queries: Sequence[str], facets: Sequence[str] = ()) -> None:
+        """Record the plan: its search queries and the question's facets, together."""
+        plan = {"queries": json.dumps(list(queries)), "facets": json.dumps(list(facets))}
+        self._redis.hset(self._k(job_id, "meta"), mapping=cast("dict[Any, str]", plan))
 
-    def queries(self, job_id: str) -> list[str]:
-        """The planned search queries (empty before planning)."""
-        raw = self._redis.hget(self._k(job_id, "meta"), "queries")
+    def queries(self, job_id: str, part: Literal["queries", "facets"] = "queries") -> list[str]:
+        """The planned search queries, or facets (empty before planning)."""
+        raw = self._redis.hget(self._k(job_id, "meta"), part)
         return list(json.loads(cast(str, raw))) if raw else []
 
     def save_search(self, job_id: str, query_idx: int, results: Sequence[SearchResult]) -> None:

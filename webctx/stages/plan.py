@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from webctx.models import clean_text
@@ -22,6 +23,24 @@ logger = logging.getLogger(__name__)
 _QUOTED = re.compile(r"[\"“”]([^\"“”]{2,})[\"“”]")
 _MAX_QUERY_CHARS = 200
 _LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+)$")
+MAX_FACETS = 8
+"""Facets a planner may give a question at most: more is no plan, and the rules split it."""
+MAX_FACET_CHARS = 300
+"""Characters of one facet at most (a question is a few sentences)."""
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """A question's search queries and its facets (the parts rank and coverage see: one,
+    the question itself, unless it asks several things)."""
+
+    queries: list[str]
+    facets: list[str]
+
+
+def plan_question(question: str, *, max_queries: int) -> QueryPlan:
+    """The rule-based plan: `plan_queries` and `split_facets`."""
+    return QueryPlan(plan_queries(question, max_queries=max_queries), split_facets(question))
 
 
 def _dedupe(queries: list[str], max_queries: int) -> list[str]:
@@ -113,10 +132,36 @@ def _plan_one(question: str, *, max_queries: int) -> list[str]:
 
 
 _SYSTEM_PROMPT = (
-    "You write web search queries for a research question. Answer with a JSON array of "
-    "{n} distinct, short search-engine queries (strings), most useful first: cover the "
-    "question's key entities, synonyms and sub-questions. Output only the JSON array."
+    "You plan web searches for a research question. Answer with one JSON object: "
+    '{{"queries": [...], "facets": [...]}}. "queries": {n} distinct, short search-engine '
+    "queries (strings), most useful first, covering the question's key entities, synonyms "
+    'and sub-questions. "facets": the distinct things the question asks, each a short '
+    "self-contained question (at most {m}); one facet, the question itself, when it asks "
+    "one thing. Output only the JSON object."
 )
+
+
+def parse_facets(content: str) -> list[str] | None:
+    """The facets of an LLM answer (a JSON object's `facets`, maybe fenced): 1..MAX_FACETS
+    non-empty strings of at most MAX_FACET_CHARS, case-insensitive duplicates dropped;
+    None when the answer has no such list (any item not a string, empty or too long)."""
+    text = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", content.strip())
+    start, end = text.find("{"), text.rfind("}")
+    try:
+        answer = json.loads(text[start : end + 1]) if 0 <= start < end else None
+    except ValueError:
+        return None
+    items = answer.get("facets") if isinstance(answer, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        return None
+    facets: list[str] = []
+    for item in items:
+        facet = " ".join(clean_text(item).split())
+        if not facet or len(facet) > MAX_FACET_CHARS:
+            return None
+        if facet.casefold() not in {f.casefold() for f in facets}:
+            facets.append(facet)
+    return facets if 1 <= len(facets) <= MAX_FACETS else None
 
 
 def parse_query_list(content: str) -> list[str]:
@@ -124,8 +169,9 @@ def parse_query_list(content: str) -> list[str]:
     else one query per bulleted or numbered line; [] when there is neither."""
     text = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", content.strip())
     start, end = text.find("["), text.rfind("]")
+    braces = text[text.find("{") : text.rfind("}") + 1]
     candidates: object = None
-    for chunk in (text, text[start : end + 1] if 0 <= start < end else ""):
+    for chunk in (text, braces, text[start : end + 1] if 0 <= start < end else ""):
         try:
             candidates = json.loads(chunk)
             break
@@ -141,29 +187,41 @@ def parse_query_list(content: str) -> list[str]:
 
 
 class LLMPlanner:
-    """Asks a chat model for queries; falls back to `plan_queries` on any failure."""
+    """Asks a chat model for queries and facets; falls back to the rules on any failure."""
 
     def __init__(self, client: openai.OpenAI, model: str) -> None:
         self.client = client
         self.model = model
 
-    def plan(self, question: str, max_queries: int) -> list[str]:
-        """The question first, then the model's queries; rule-based if the model fails."""
+    def plan(self, question: str, max_queries: int) -> QueryPlan:
+        """The question first, then the model's queries, and the model's facets (one facet:
+        the question itself); the rule-based plan if the model fails, the rule-based facets
+        if its facets are not valid (`parse_facets`)."""
+        system = _SYSTEM_PROMPT.format(n=max_queries, m=MAX_FACETS)
         try:
             completion = self.client.chat.completions.create(
                 model=self.model,
                 temperature=0,
                 messages=[
-                    {"role": "system", "content": _SYSTEM_PROMPT.format(n=max_queries)},
+                    {"role": "system", "content": system},
                     {"role": "user", "content": question},
                 ],
             )
-            queries = parse_query_list(completion.choices[0].message.content or "")
+            content = completion.choices[0].message.content or ""
+            queries = parse_query_list(content)
             if not queries:
                 raise ValueError("no queries in the model's answer")
         except Exception as exc:  # any failure: the rule-based plan is always good enough
             logger.warning(
                 "llm planner failed, using rules", extra={"model": self.model, "exc": repr(exc)}
             )
-            return plan_queries(question, max_queries=max_queries)
-        return _dedupe([" ".join(question.split()), *queries], max(1, max_queries))
+            return plan_question(question, max_queries=max_queries)
+        question = " ".join(question.split())
+        facets = parse_facets(content)
+        if facets is None:
+            logger.warning("llm planner gave no valid facets, using rules",
+                           extra={"model": self.model})  # fmt: skip
+            facets = split_facets(question)
+        elif len(facets) == 1:  # one thing asked: the question itself, as the rules have it
+            facets = [question]
+        return QueryPlan(_dedupe([question, *queries], max(1, max_queries)), facets)
