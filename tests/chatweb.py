@@ -5,13 +5,13 @@ of the chat clients (the planner, the coverage judge) with the real `openai` cli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from webctx.devweb.server import LoopbackServer
@@ -24,6 +24,8 @@ class ChatScript:
     content: str = "[]"
     status: int = 200
     delay_s: float = 0.0
+    trickle_s: float = 0.0
+    """Seconds between the bytes of a 200's body (0: sent at once)."""
     answers: list[str] = field(default_factory=list)
     """Contents answered in turn before `content` (one per request)."""
     requests: list[dict[str, object]] = field(default_factory=list)
@@ -35,6 +37,12 @@ def _completion(model: str, content: str) -> dict[str, object]:
     usage = {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
     return {"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
             "choices": [choice], "usage": usage}  # fmt: skip
+
+
+async def _trickle(body: bytes, pause_s: float) -> AsyncIterator[bytes]:
+    for n in range(len(body)):
+        await asyncio.sleep(pause_s)
+        yield body[n : n + 1]
 
 
 @contextmanager
@@ -51,7 +59,11 @@ def chat_server() -> Iterator[tuple[LoopbackServer, ChatScript]]:
             error = {"message": "boom", "type": "server_error", "param": None, "code": None}
             return JSONResponse({"error": error}, status_code=script.status)
         content = script.answers.pop(0) if script.answers else script.content
-        return JSONResponse(_completion(str(body["model"]), content))
+        answer = JSONResponse(_completion(str(body["model"]), content))
+        if not script.trickle_s:
+            return answer
+        return StreamingResponse(_trickle(bytes(answer.body), script.trickle_s),
+                                 media_type="application/json")  # fmt: skip
 
     app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
     with LoopbackServer(app) as server:

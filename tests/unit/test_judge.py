@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 
 import openai
@@ -36,7 +37,7 @@ def chat() -> Iterator[tuple[LoopbackServer, ChatScript]]:
 @pytest.fixture
 def script(chat: tuple[LoopbackServer, ChatScript]) -> ChatScript:
     script = chat[1]
-    script.status, script.delay_s, script.content = 200, 0.0, "{}"
+    script.status, script.delay_s, script.trickle_s, script.content = 200, 0.0, 0.0, "{}"
     script.answers.clear()
     script.requests.clear()
     return script
@@ -139,6 +140,20 @@ def test_a_failed_judge_leaves_the_numbers_and_says_why(
     assert judged.coverage.confidence == numeric.coverage.confidence
     assert judged.stats.coverage_judge.startswith(f"skipped: {reason}")
     assert judged.coverage.notes[-1].startswith(f"Coverage judge skipped ({reason}")
+
+
+@pytest.mark.serial
+def test_a_trickling_answer_is_cut_at_the_deadline(
+    chat: tuple[LoopbackServer, ChatScript], script: ChatScript
+) -> None:
+    script.content, script.trickle_s = verdict(True, 1), 0.02  # ~5 s for the whole body
+    judged, numeric = bundle(), bundle()
+    started = time.monotonic()
+    judge_bundle(judged, judge(chat, timeout_s=0.5))
+    assert time.monotonic() - started < 2.0  # each byte within httpx's read timeout
+    assert judged.stats.coverage_judge == "skipped: timeout after 0.5 s"
+    assert judged.coverage is not None and numeric.coverage is not None
+    assert judged.coverage.facets == numeric.coverage.facets
 
 
 def test_a_bundle_without_passages_is_not_judged(

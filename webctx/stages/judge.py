@@ -22,6 +22,8 @@ import math
 import re
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,38 +126,57 @@ class CoverageJudge:
         self.max_passages = max_passages
 
     def verdicts(self, bundle: Bundle) -> dict[int, Verdict]:
-        """A verdict for each facet with passages (by position); JudgeSkipped on any failure."""
-        import openai
+        """A verdict for each facet with passages (by position); JudgeSkipped on any failure.
 
+        httpx's timeouts bound each read, not a request (a server trickling bytes never trips
+        them): each request runs in a thread waited on until the deadline; past it the client
+        is closed and the request left to end on its own."""
         assert bundle.coverage is not None
         deadline = time.monotonic() + self.timeout_s
         out: dict[int, Verdict] = {}
-        for f, facet in enumerate(bundle.coverage.facets):
-            shown = facet.chunks[: self.max_passages]
-            if not shown:
-                continue
-            passages = [(bundle.chunks[i].text, bundle.chunks[i].flags) for i in shown]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise JudgeSkipped(f"timeout after {self.timeout_s:g} s")
-            try:
-                client = self.client.with_options(timeout=left, max_retries=0)
-                completion = client.chat.completions.create(
-                    model=self.model,
-                    temperature=0,
-                    response_format={"type": "json_object"},
-                    messages=judge_messages(facet.text, passages),
-                )
-            except openai.APITimeoutError:
-                raise JudgeSkipped(f"timeout after {self.timeout_s:g} s") from None
-            except openai.APIStatusError as exc:
-                raise JudgeSkipped(f"the model answered HTTP {exc.status_code}") from None
-            except openai.APIError as exc:
-                raise JudgeSkipped(f"the model was not reached: {type(exc).__name__}") from None
-            if not completion.choices:
-                raise JudgeSkipped("malformed answer: no choices")
-            out[f] = parse_verdict(completion.choices[0].message.content or "", shown)
+        # Not waited for on the way out: a request past the deadline must not hold the job.
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coverage-judge")
+        try:
+            for f, facet in enumerate(bundle.coverage.facets):
+                shown = facet.chunks[: self.max_passages]
+                if not shown:
+                    continue
+                passages = [(bundle.chunks[i].text, bundle.chunks[i].flags) for i in shown]
+                left = deadline - time.monotonic()
+                asked = pool.submit(self._ask, facet.text, passages, left) if left > 0 else None
+                try:
+                    content = asked.result(timeout=left) if asked is not None else None
+                except FutureTimeout:
+                    content = None
+                if content is None:
+                    self.client.close()
+                    raise JudgeSkipped(f"timeout after {self.timeout_s:g} s")
+                out[f] = parse_verdict(content, shown)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         return out
+
+    def _ask(self, facet: str, passages: Sequence[tuple[str, Sequence[str]]], left: float) -> str:
+        """The model's answer about one facet; JudgeSkipped when there is none."""
+        import openai
+
+        try:
+            client = self.client.with_options(timeout=left, max_retries=0)
+            completion = client.chat.completions.create(
+                model=self.model,
+                temperature=0,
+                response_format={"type": "json_object"},
+                messages=judge_messages(facet, passages),
+            )
+        except openai.APITimeoutError:
+            raise JudgeSkipped(f"timeout after {self.timeout_s:g} s") from None
+        except openai.APIStatusError as exc:
+            raise JudgeSkipped(f"the model answered HTTP {exc.status_code}") from None
+        except openai.APIError as exc:
+            raise JudgeSkipped(f"the model was not reached: {type(exc).__name__}") from None
+        if not completion.choices:
+            raise JudgeSkipped("malformed answer: no choices")
+        return completion.choices[0].message.content or ""
 
 
 def judge_bundle(bundle: Bundle, judge: CoverageJudge) -> None:
