@@ -5,6 +5,7 @@ in-process on the test Redis, the chat model a loopback API behind the real clie
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,9 +49,10 @@ def make_engine(tmp_path: Path, chat: tuple[LoopbackServer, ChatScript]) -> Iter
     chat[1].answers.clear()
 
     def make(**settings: object) -> Engine:
+        given = {"openai_base_url": f"{chat[0].url}/v1", **settings}
         config = Settings(redis_url=redis_url(), embedding_provider="hash",
-                          qdrant_path=tmp_path / "q", openai_base_url=f"{chat[0].url}/v1",
-                          prefilter={"when": "always"}, **settings)  # type: ignore[arg-type]  # fmt: skip
+                          qdrant_path=tmp_path / "q", prefilter={"when": "always"},
+                          **given)  # type: ignore[arg-type]  # fmt: skip
         return build_engine(config, stores_on(client, config), state=client,
                             start=lambda stage, arguments: None)  # fmt: skip
 
@@ -129,3 +131,22 @@ def test_a_configured_judge_runs_at_rank(
     assert bundle.coverage is not None
     assert bundle.coverage.facets[0].status != "supported"
     assert bundle.coverage.facets[0].confidence <= UNSUPPORTED_CAP
+
+
+def test_a_judge_that_cannot_reach_its_model_leaves_the_job_its_numbers(
+    make_engine: MakeEngine, chat: tuple[LoopbackServer, ChatScript]
+) -> None:
+    engine = make_engine(coverage={"judge_model": "judge-model"},
+                         openai_base_url="not a url at all")  # fmt: skip
+    bundle = run_job(engine)
+    assert bundle.stats.coverage_judge == "skipped: the model was not reached: APIConnectionError"
+    assert chat[1].requests == []
+
+
+def test_a_judge_that_raises_leaves_the_job_its_numbers(make_engine: MakeEngine) -> None:
+    def broken(bundle: Bundle) -> None:
+        raise RuntimeError("no client")
+
+    engine = dataclasses.replace(make_engine(), judge=broken)
+    bundle = run_job(engine)
+    assert bundle.stats.coverage_judge == "skipped: error: RuntimeError"

@@ -14,7 +14,7 @@ import time
 import redis
 
 from webctx.errors import ProviderDown, TransientError, WebctxError
-from webctx.jobs.engine import Engine, Retry
+from webctx.jobs.engine import Engine, Judge, Retry
 from webctx.jobs.rounds import deepen, round_query_limit
 from webctx.models import Bundle, BundleStats, Failure, JobStatus, Page, SearchResult
 from webctx.stages.bundle import build_bundle
@@ -231,7 +231,7 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
         jobs.set_status(job_id, JobStatus.FAILED, error=f"rank: {exc or type(exc).__name__}")
         return
     if engine.judge is not None:
-        engine.judge(bundle)  # never raises: on any failure the numbers stand, and say so
+        _judge(engine.judge, bundle)
     if request.depth == "deep" and deepen(engine, job_id, bundle, force=force):
         return  # a further round runs; its last page ranks again
     jobs.mark_stage(job_id, "rank", start=False)
@@ -245,6 +245,16 @@ def rank_job(engine: Engine, job_id: str, *, force: bool, retry: Retry) -> None:
         # which outlives the command that asked (the command has its answer already).
         if lexical_first:
             engine.fanin.index_later(job_id)
+
+
+def _judge(judge: Judge, bundle: Bundle) -> None:
+    """The coverage judge on the bundle; whatever fails (even building its client), the
+    numbers stand and the bundle says so."""
+    try:
+        judge(bundle)
+    except Exception as exc:  # noqa: BLE001 - a judge is advice: the job goes on without it
+        logger.warning("coverage judge failed", extra={"job_id": bundle.job_id, "exc": repr(exc)})
+        bundle.stats.coverage_judge = f"skipped: error: {type(exc).__name__}"
 
 
 def planned_facets(engine: Engine, job_id: str) -> list[str]:
