@@ -150,3 +150,8 @@ def test_a_judge_that_raises_leaves_the_job_its_numbers(make_engine: MakeEngine)
     engine = dataclasses.replace(make_engine(), judge=broken)
     bundle = run_job(engine)
     assert bundle.stats.coverage_judge == "skipped: error: RuntimeError"
+    assert bundle.coverage is not None
+    assert (
+        bundle.coverage.notes[-1]
+        == "Coverage judge skipped (error: RuntimeError): the numbers stand."
+    )

@@ -22,6 +22,7 @@ from webctx.stages.compose import answer_prefiltered, answer_question
 from webctx.stages.coverage import assess_coverage
 from webctx.stages.embed import embed_with_cache
 from webctx.stages.facets import split_facets
+from webctx.stages.judge import mark_skipped
 from webctx.stages.search_chain import Attempt, ChainFailed, answer_query, tagged_answer
 
 logger = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ def _judge(judge: Judge, bundle: Bundle) -> None:
         judge(bundle)
     except Exception as exc:  # noqa: BLE001 - a judge is advice: the job goes on without it
         logger.warning("coverage judge failed", extra={"job_id": bundle.job_id, "exc": repr(exc)})
-        bundle.stats.coverage_judge = f"skipped: error: {type(exc).__name__}"
+        mark_skipped(bundle, f"error: {type(exc).__name__}")
 
 
 def planned_facets(engine: Engine, job_id: str) -> list[str]:

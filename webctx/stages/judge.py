@@ -192,8 +192,14 @@ def judge_bundle(bundle: Bundle, judge: CoverageJudge) -> None:
         reason = str(exc) if isinstance(exc, JudgeSkipped) else f"error: {type(exc).__name__}"
         facts = {"job_id": bundle.job_id, "model": judge.model, "reason": reason}
         logger.warning("coverage judge skipped", extra=facts)
-        bundle.stats.coverage_judge = f"skipped: {reason}"
-        coverage.notes.append(f"Coverage judge skipped ({reason}): the numbers stand.")
+        mark_skipped(bundle, reason)
         return
     bundle.coverage = apply_verdicts(coverage, verdicts)
     bundle.stats.coverage_judge = APPLIED
+
+
+def mark_skipped(bundle: Bundle, reason: str) -> None:
+    """Say in the bundle's stats and notes that the judge was skipped, and why."""
+    bundle.stats.coverage_judge = f"skipped: {reason}"
+    if bundle.coverage is not None:
+        bundle.coverage.notes.append(f"Coverage judge skipped ({reason}): the numbers stand.")
