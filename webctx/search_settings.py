@@ -12,19 +12,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource
 
-PROVIDERS = ("ddgs", "searxng", "brave", "tavily", "exa", "serper")
-"""Every search provider webctx has an adapter for."""
-KEYED = ("brave", "tavily", "exa", "serper")
-"""The providers that need an API key (each a group of Settings)."""
-VENDOR_KEY_ENV = {p: f"{p.upper()}_API_KEY" for p in KEYED}
-"""The variable each vendor's own clients read the key from: a second name of
-WEBCTX_<PROVIDER>__API_KEY (which wins when both are set)."""
-DEFAULT_BASE_URLS = {
-    "brave": "https://api.search.brave.com",
-    "tavily": "https://api.tavily.com",
-    "exa": "https://api.exa.ai",
-    "serper": "https://google.serper.dev",
-}
+from webctx.search_names import DEFAULT_BASE_URLS as DEFAULT_BASE_URLS
+from webctx.search_names import KEYED as KEYED
+from webctx.search_names import PROVIDERS as PROVIDERS
+from webctx.search_names import VENDOR_KEY_ENV as VENDOR_KEY_ENV
 
 
 def chain_names(value: str) -> list[str]:

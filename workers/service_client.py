@@ -277,7 +277,7 @@ def settings_fingerprint(environ: Mapping[str, str]) -> str:
     still: webctx/workers/service_settings.py compares the values)."""
     from webctx.config_file import file_values
     from webctx.errors import ConfigError
-    from webctx.search_settings import VENDOR_KEY_ENV
+    from webctx.search_names import VENDOR_KEY_ENV
 
     def kept(items: Mapping[str, str]) -> list[tuple[str, str]]:
         prefixes = ("WEBCTX_", "CELERY_", "OPENAI_", *VENDOR_KEY_ENV.values())

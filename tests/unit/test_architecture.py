@@ -33,6 +33,7 @@ FLOORS: list[set[str]] = [
         "webctx.logging",
         "webctx.keys",
         "webctx.allocator",
+        "webctx.search_names",
     },
     {"webctx.protocols", "webctx.tokens"},
     {
