@@ -147,8 +147,13 @@ def _key(text: str) -> bytes:
 
 
 def _backend_suffix() -> str:
-    """The vector cache's name part for $WEBCTX_BENCH_LOCAL_BACKEND (none for torch)."""
+    """The vector cache's name part for $WEBCTX_BENCH_LOCAL_BACKEND (none for torch); int8
+    names the quantization recipe too, so vectors of older int8 weights are not reused."""
+    from webctx.adapters.onnx_export import RECIPE
+
     backend = os.environ.get("WEBCTX_BENCH_LOCAL_BACKEND", "torch")
+    if backend == "onnx-int8":
+        return f"-{backend}-r{RECIPE}"
     return "" if backend == "torch" else f"-{backend}"
 
 

@@ -146,8 +146,9 @@ def test_failed_export_falls_back_to_torch_with_one_warning(
 
 
 def test_setting_selects_the_backend(tmp_path: Path) -> None:
-    auto = build_local_embedder(EmbedSettings(local_cache_dir=tmp_path, local_threads=1))
-    assert isinstance(auto, OnnxEmbedder) and not auto.quantized and auto.threads == 1
+    fp32 = build_local_embedder(EmbedSettings(local_backend="onnx", local_cache_dir=tmp_path,
+                                              local_threads=1))  # fmt: skip
+    assert isinstance(fp32, OnnxEmbedder) and not fp32.quantized and fp32.threads == 1
     int8 = build_local_embedder(EmbedSettings(local_backend="onnx-int8", local_cache_dir=tmp_path))
     assert isinstance(int8, OnnxEmbedder) and int8.quantized
     assert isinstance(build_local_embedder(EmbedSettings(local_backend="torch")), LocalEmbedder)
@@ -230,15 +231,19 @@ def test_unreadable_graph_falls_back_to_onnxruntime_then_torch(
 
 
 def test_warm_loads_the_graph_and_measures_its_speed_before_the_first_embed(
-    cache_dir: Path,
+    cache_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     embedder = OnnxEmbedder(cache_dir=cache_dir, quantized=False)
     assert embedder.chunks_per_s is None
-    embedder.warm()
+    with caplog.at_level(logging.INFO, logger="webctx.adapters.onnx_embedder"):
+        embedder.warm()
     assert embedder._runner is not None
     assert embedder.backend == "onnx"
     measured = embedder.chunks_per_s
     assert measured is not None and measured > 0  # chunk-sized texts a second
+    (warm,) = [r for r in caplog.records if r.getMessage() == "local model warm"]
+    assert warm.load_ms >= 0 and warm.calibrate_ms > 0  # type: ignore[attr-defined]
+    assert warm.chunks_per_s == round(measured, 1)  # type: ignore[attr-defined]
     embedder.embed(TEXTS[:2])  # too few to say the speed: not counted
     assert embedder.chunks_per_s == measured
     embedder.embed(TEXTS * 2)

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -182,9 +183,16 @@ class OnnxEmbedder:
     def warm(self) -> None:
         """Load the graph now (a worker's background thread, ahead of its first embed:
         the first page of a job then finds it loaded), then time 32 chunk-sized texts:
-        the speed the first job's rank is sized to."""
+        the speed the first job's rank is sized to. Logs both times: what a fresh
+        service's first job may wait for."""
+        started = time.perf_counter()
         self.embed(["warm"])
+        loaded = time.perf_counter()
         self.embed(CALIBRATION)
+        logger.info("local model warm", extra={
+            "backend": self.backend, "load_ms": round((loaded - started) * 1000),
+            "calibrate_ms": round((time.perf_counter() - loaded) * 1000),
+            "chunks_per_s": round(self.speed.chunks_per_s or 0.0, 1)})  # fmt: skip
 
     def _open(self) -> tuple[_Session, object, int]:
         try:
