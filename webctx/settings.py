@@ -75,8 +75,8 @@ class EmbedSettings(_Group):
     bfloat16). `auto`: `openvino-bf16` when the CPU multiplies bf16 in hardware (AMX-BF16 or
     AVX512-BF16) and openvino is installed, else `onnx` when onnxruntime is installed, else
     `torch`. fp32 on ONNX Runtime is 1.7x torch; bf16 (cosine 0.99998) 2.7x that on AMX, 1.7x
-    on AVX512-BF16, slower than fp32 on a CPU with neither; int8 is 2.5x as fast as fp32 but its
-    answer recall was 0.01 lower at 250 and 500 tokens (docs/benchmarks.md), so it is opt-in.
+    on AVX512-BF16, slower than fp32 on a CPU with neither; int8 is 2.5x fp32 but 1-3 questions
+    in 200 lower in answer recall at 250-1000 tokens (docs/benchmarks.md), so it is opt-in.
     All report the model as `all-MiniLM-L6-v2`: caches and point ids stay shared."""
     local_cache_dir: Path | None = None
     """Where the ONNX export (run by ONNX Runtime and OpenVINO alike) is kept, one folder per
