@@ -277,3 +277,18 @@ def test_auto_runs_bf16_only_where_the_cpu_multiplies_it(
     chosen = build_local_embedder(EmbedSettings(local_backend="openvino-bf16",
                                                 local_cache_dir=tmp_path))  # fmt: skip
     assert isinstance(chosen, OnnxEmbedder) and chosen.runtime == "openvino"
+
+
+def test_export_cache_is_the_users_whatever_the_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webctx.settings import Settings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folders = []
+    for name in ("one", "two"):
+        settings = Settings(data_dir=tmp_path / name, embed=EmbedSettings(local_backend="onnx"))
+        embedder = build_local_embedder(settings.embed)
+        assert isinstance(embedder, OnnxEmbedder)
+        folders.append(embedder.cache_dir)
+    assert folders[0] == folders[1] == tmp_path / "cache" / "webctx" / "onnx"  # one export
