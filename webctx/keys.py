@@ -59,6 +59,14 @@ class KeyFamily:
 _JOBS, _BATCHES, _TENANTS = "webctx.jobs.store", "webctx.jobs.batches", "webctx.jobs.tenants"
 _CACHES, _RECORDS = "webctx.jobs.caches", "webctx.index.page_records"
 
+OWNER_PARTS: dict[str, str] = {"webctx.jobs.round_store": "webctx.jobs.store"}
+"""Modules that keep part of an owner's family in a file of their own (the owner reached its
+size cap): the owner builds them with its own client and key function."""
+
+INDEX_GLOBS = ("webctx:index:*", "webctx:sources:*")
+"""SCAN patterns of the index's key families and the source registry (what `webctx index
+export` carries; the run locks and due claims are in these families' owners, not moved)."""
+
 FAMILIES: tuple[KeyFamily, ...] = (
     # -- the job engine -------------------------------------------------------------------
     KeyFamily("webctx:job:{job_id}:{part}", _JOBS, "ttl", "owned",

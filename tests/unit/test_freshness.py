@@ -252,7 +252,7 @@ def test_a_batch_digest_changes_with_max_age_but_not_for_items_without_it() -> N
     from webctx.jobs.batch_items import items_sha, parse_items
 
     (plain,) = parse_items(['{"id": "q", "question": "a"}'])
-    before = [plain.id, plain.request.model_dump(exclude={"max_age", "stale_if_error"})]
+    before = [plain.id, plain.request.model_dump(exclude={"max_age", "stale_if_error", "depth"})]
     digest = hashlib.sha256(json.dumps(before, sort_keys=True).encode() + b"\n").hexdigest()
     assert items_sha([plain]) == digest  # as computed before the fields existed
     (fresher,) = parse_items(['{"id": "q", "question": "a", "max_age": 0}'])

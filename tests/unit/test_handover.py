@@ -20,7 +20,8 @@ def test_the_words_give_the_request_the_command_would_submit() -> None:
     assert parsed == (
         {"question": "why is the sky blue?", "max_sources": 20, "top_k": 200,
          "token_budget": 3000, "max_queries": 4, "include_domains": ["a.org", "b.org"],
-         "exclude_domains": [], "recency_days": None, "max_age": 0, "stale_if_error": True},
+         "exclude_domains": [], "recency_days": None, "max_age": 0, "stale_if_error": True,
+         "depth": "fast"},
         "k-1",
     )  # fmt: skip
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from webctx.keys import FAMILIES, family_of
+from webctx.keys import FAMILIES, OWNER_PARTS, family_of
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLED = {"webctx": "webctx", "api": "webctx.api", "workers": "webctx.workers",
              "cli": "webctx.cli", "bench": "bench"}  # fmt: skip
-OWNERS = {family.owner for family in FAMILIES} | {"webctx.keys"}
+OWNERS = {family.owner for family in FAMILIES} | {"webctx.keys"} | set(OWNER_PARTS)
 
 
 def _modules() -> dict[str, ast.Module]:

@@ -37,11 +37,12 @@ import numpy as np
 import redis
 
 from webctx.errors import Conflict, InvalidRequest
+from webctx.keys import INDEX_GLOBS
 from webctx.stages.store import RawPoint
 
 FORMAT, VERSION = "webctx-index", 1
 HALVES = ("dense", "sparse")
-_PATTERNS = ("webctx:index:*", "webctx:sources:*")
+_PATTERNS = INDEX_GLOBS
 _TRANSIENT = (b"webctx:index:lock:", b"webctx:index:run:", b"webctx:sources:claim:")
 BATCH = 256
 
