@@ -175,7 +175,8 @@ FAMILIES: tuple[KeyFamily, ...] = (
     KeyFamily("webctx:pace:{host}", "webctx.net.politeness", "ttl", "shared",
               "a host's pace and 429/503 pause, shared by every fetch worker"),
     KeyFamily("webctx:rl:{namespace}:{part}", "webctx.net.ratelimit", "ttl", "shared",
-              "an embeddings key's request log, token sum, pause and learned limits"),
+              "an embeddings key's request log, requests in flight, token sum, pause and "
+              "learned limits"),
     KeyFamily("webctx:breaker:{provider}:{endpoint}", "webctx.net.breaker", "ttl", "shared",
               "a provider endpoint's failure streak or outage (the shared breaker); its "
               "first answer deletes it"),

@@ -14,6 +14,7 @@ import redis
 
 from tests.conftest import redis_url
 from webctx.errors import ConfigError, RateLimited
+from webctx.net import ratelimit
 from webctx.net.ratelimit import RedisRateLimiter, limiter_namespace
 from webctx.protocols import Embeddings
 from webctx.stages.embed import LimitedEmbedder
@@ -46,7 +47,9 @@ def test_requests_per_window_block_until_the_oldest_leaves(r: redis.Redis) -> No
     lim = make(r, rpm=3, window_s=0.5)
     start = time.monotonic()
     for _ in range(3):
-        assert lim.acquire(1).waited_s < 0.05
+        granted = lim.acquire(1)
+        lim.settle(granted)  # answered at once
+        assert granted.waited_s < 0.05
     lim.acquire(1)
     assert 0.45 <= time.monotonic() - start < 0.9
 
@@ -59,6 +62,33 @@ def test_tokens_per_window_block_and_refused_requests_free_their_tokens(r: redis
     assert info.value.retry_after is not None and 0.2 < info.value.retry_after <= 0.4
     lim.settle(first, sent=False)  # a 429: the provider did not count it
     assert lim.acquire(30).waited_s < 0.05
+
+
+def test_a_request_still_in_flight_past_its_window_holds_its_slot_until_answered(
+    r: redis.Redis,
+) -> None:
+    # The server counts a request from when it arrived: a sender held up after its
+    # reservation must not let another request into the same server window.
+    lim = make(r, rpm=1, window_s=0.2)
+    held = lim.acquire(1)
+    time.sleep(0.3)
+    with pytest.raises(RateLimited):
+        lim.acquire(1, max_wait_s=0.1)
+    lim.settle(held)  # answered now: the slot frees one window after the answer
+    start = time.monotonic()
+    lim.acquire(1)
+    assert 0.15 <= time.monotonic() - start < 0.5
+
+
+def test_a_request_whose_sender_died_in_flight_frees_its_slot(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ratelimit, "_FLIGHT_MAX_MS", 300)
+    lim = make(r, rpm=1, window_s=0.1)
+    lim.acquire(1)  # never settled: its process is gone
+    start = time.monotonic()
+    lim.acquire(1)
+    assert 0.25 <= time.monotonic() - start < 0.8
 
 
 def test_a_request_larger_than_the_token_limit_is_a_config_error(r: redis.Redis) -> None:
@@ -82,8 +112,8 @@ def test_limits_are_learned_from_headers_when_not_configured(r: redis.Redis) -> 
     lim = make(r, window_s=0.3)
     lim.observe({"x-ratelimit-limit-requests": "2", "x-ratelimit-limit-tokens": "1000"})
     assert make(r).learned() == {"rpm": 2, "tpm": 1000}
-    lim.acquire(1)
-    lim.acquire(1)
+    lim.settle(lim.acquire(1))
+    lim.settle(lim.acquire(1))
     start = time.monotonic()
     lim.acquire(1)
     assert time.monotonic() - start > 0.2
@@ -113,6 +143,7 @@ def test_threads_never_exceed_the_limit_in_any_window(r: redis.Redis) -> None:
         lim = make(r, rpm=rpm, window_s=window)
         for _ in range(5):
             granted = lim.acquire(1)
+            lim.settle(granted)  # answered at once
             with lock:
                 stamps.append(granted.at_ms)
 

@@ -4,6 +4,7 @@ Every worker process that embeds with the same key shares one sliding-window log
 
     {ns}:ev     ZSET  member "<id>:<tokens>", score = ms (Redis TIME) the request was sent,
                       re-stamped to when its answer arrived (the server admitted it in between)
+    {ns}:fly    ZSET  the same members while in flight (sent, not answered), score = sent
     {ns}:sum    STR   tokens in the log (kept with the log inside the scripts)
     {ns}:pause  STR   present while a 429 pauses the key; its PTTL is the pause
     {ns}:lim    HASH  rpm / tpm learned from x-ratelimit-limit-* headers
@@ -12,6 +13,10 @@ Every worker process that embeds with the same key shares one sliding-window log
 stored. Each step is one Lua script, so "check both limits, then reserve" is atomic
 across processes and a window never admits more than the limit (a token bucket would
 admit up to twice the limit over some window). Time is Redis's clock, not the workers'.
+A request still in flight never leaves the log, however old its send stamp: the server
+counts it from when it arrived, which can be later than the send stamp by as long as the
+sending process was held up; one in flight past `_FLIGHT_MAX_MS` (its process died)
+does leave.
 
 The provider's rate-limit headers are read here too (`rate_limit_headers`,
 `retry_after_s`, `parse_duration`): the limiter learns from them, and the embeddings
@@ -36,6 +41,7 @@ from webctx.errors import ConfigError, RateLimited
 logger = logging.getLogger(__name__)
 _LEARNED_TTL_S = 24 * 3600
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_FLIGHT_MAX_MS = 120_000
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 _NOW = """
@@ -43,7 +49,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: ev sum pause lim. ARGV: rpm tpm window_ms tokens id. -> {1, now} or {0, wait_ms}
+# KEYS: ev sum pause lim fly. ARGV: rpm tpm window_ms tokens id flight_max_ms.
+# -> {1, now} or {0, wait_ms}
 _ACQUIRE = (
     _NOW
     + """
@@ -56,20 +63,28 @@ local tpm = tonumber(ARGV[2])
 if tpm <= 0 then tpm = tonumber(redis.call('HGET', KEYS[4], 'tpm') or '0') end
 local tokens = tonumber(ARGV[4])
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - window)
-if #old > 0 then
-  local freed = 0
-  for _, m in ipairs(old) do freed = freed + tonumber(string.match(m, ':(%d+)$')) end
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-  redis.call('DECRBY', KEYS[2], freed)
+local freed = 0
+local lost = now - tonumber(ARGV[6])
+for _, m in ipairs(old) do
+  local sent = redis.call('ZSCORE', KEYS[5], m)
+  if (not sent) or tonumber(sent) <= lost then
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('ZREM', KEYS[5], m)
+    freed = freed + tonumber(string.match(m, ':(%d+)$'))
+  end
 end
+if freed > 0 then redis.call('DECRBY', KEYS[2], freed) end
 local count = redis.call('ZCARD', KEYS[1])
 local used = tonumber(redis.call('GET', KEYS[2]) or '0')
 local wait = 0
+local over = false
 if rpm > 0 and count >= rpm then
+  over = true
   local e = redis.call('ZRANGE', KEYS[1], count - rpm, count - rpm, 'WITHSCORES')
   wait = math.max(wait, tonumber(e[2]) + window - now)
 end
 if tpm > 0 and used + tokens > tpm then
+  over = true
   local excess = used + tokens - tpm
   local evs = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
   local w = window
@@ -79,20 +94,28 @@ if tpm > 0 and used + tokens > tpm then
   end
   wait = math.max(wait, w)
 end
-if wait > 0 then return {0, math.max(1, wait)} end
+-- A slot held by a request still in flight past its window frees when it is answered.
+if over then
+  if wait <= 0 then wait = 5 end
+  return {0, wait}
+end
 redis.call('ZADD', KEYS[1], now, ARGV[5] .. ':' .. tokens)
+redis.call('ZADD', KEYS[5], now, ARGV[5] .. ':' .. tokens)
 redis.call('INCRBY', KEYS[2], tokens)
-redis.call('PEXPIRE', KEYS[1], window * 2)
-redis.call('PEXPIRE', KEYS[2], window * 2)
+local keep = math.max(window * 2, tonumber(ARGV[6]))
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[2], keep)
+redis.call('PEXPIRE', KEYS[5], keep)
 return {1, now}
 """
 )
 
-# KEYS: ev sum. ARGV: member keep(1|0) window_ms. Re-stamp an answered request to now,
+# KEYS: ev sum fly. ARGV: member keep(1|0) window_ms. Re-stamp an answered request to now,
 # or drop one the server refused (a 429 is not counted in the provider's window).
 _SETTLE = (
     _NOW
     + """
+redis.call('ZREM', KEYS[3], ARGV[1])
 if ARGV[2] == '1' then
   if redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[1]) == 1 then
     redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
@@ -167,7 +190,7 @@ class RedisRateLimiter:
         if (rpm is not None and rpm < 1) or (tpm is not None and tpm < 1) or window_s <= 0:
             raise ConfigError("rate limits and window must be positive")
         self.rpm, self.tpm, self.window_ms = rpm, tpm, int(window_s * 1000)
-        self._keys = [f"{namespace}:{k}" for k in ("ev", "sum", "pause", "lim")]
+        self._keys = [f"{namespace}:{k}" for k in ("ev", "sum", "pause", "lim", "fly")]
         self._sleep = sleep
         self._client = client
         self._acquire = client.register_script(_ACQUIRE)
@@ -183,7 +206,9 @@ class RedisRateLimiter:
         if tpm is not None and tokens > tpm:
             raise ConfigError(f"a request of {tokens} tokens can never fit a {tpm} TPM limit")
         member_id = uuid.uuid4().hex[:16]
-        args: list[int | str] = [self.rpm or 0, self.tpm or 0, self.window_ms, tokens, member_id]
+        args: list[int | str] = [
+            self.rpm or 0, self.tpm or 0, self.window_ms, tokens, member_id, _FLIGHT_MAX_MS
+        ]
         started = time.monotonic()
         while True:
             granted, value = self._acquire(keys=self._keys, args=args)
@@ -199,7 +224,8 @@ class RedisRateLimiter:
     def settle(self, reservation: Reservation, *, sent: bool = True) -> None:
         """Mark a reserved request answered (`sent`), or refused with 429 (not counted)."""
         keep = "1" if sent else "0"
-        self._settle(keys=self._keys[:2], args=[reservation.member, keep, self.window_ms])
+        keys = [self._keys[0], self._keys[1], self._keys[4]]
+        self._settle(keys=keys, args=[reservation.member, keep, self.window_ms])
 
     def pause(self, seconds: float) -> None:
         """Hold every process off this key for `seconds` (after a 429)."""
