@@ -316,3 +316,10 @@ def run_cli(
         timeout=timeout_s,
         check=False,
     )
+
+
+def as_at_a_terminal() -> None:
+    """`preexec_fn` of a command the test sends Ctrl-C: SIGINT at its default, as a shell's
+    foreground command has it. A child inherits an ignored SIGINT (a suite's worker may
+    have been left so), and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

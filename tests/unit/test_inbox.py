@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, as_at_a_terminal
 from webctx.api.inbox import INBOX_KEY, REPLY_PREFIX, _answer, hand_over
 from webctx.cli.handover import definition
 from webctx.jobs.store import JobStore
@@ -241,7 +241,8 @@ def test_a_refused_request_gets_the_services_error_and_exit_code(
 def _research_process(*words: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "webctx.cli", "research", *words],
                             cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_at_a_terminal)  # fmt: skip
 
 
 def test_a_ctrl_c_before_the_service_takes_the_request_withdraws_it(

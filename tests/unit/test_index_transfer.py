@@ -36,9 +36,11 @@ DIM = 32
 QUERIES = [" ".join(RNG.sample(WORDS, 3)) for _ in range(6)]
 
 
-def store_page(store: EdgeVectorStore, page: Page) -> None:
-    """Three chunks of random words under random unit vectors: no two hits tie on score."""
-    texts = [" ".join(RNG.choices(WORDS, k=RNG.randint(4, 30))) for _ in range(3)]
+def store_page(store: EdgeVectorStore, page: Page, lengths: list[int]) -> None:
+    """Three chunks of random words under random unit vectors: no two hits tie on score
+    (BM25 weighs a term by its count and the chunk's length: lengths differ across pages,
+    or equal scores would rank in each store's own order)."""
+    texts = [" ".join(RNG.choices(WORDS, k=lengths.pop())) for _ in range(3)]
     chunks = [Chunk(content_sha256=page.content_sha256, index=i, start=i, end=i + 1, text=t,
                     tokens=len(t.split())) for i, t in enumerate(texts)]  # fmt: skip
     points = make_points(chunks, [unit() for _ in chunks], url=page.url, model="m")
@@ -68,8 +70,9 @@ def fill(store: EdgeVectorStore, r: redis.Redis) -> None:
     """Pages in both halves, two generations of marks, and the index's Redis keys."""
     pages = [make_page(url=f"https://s.test/{n}", text=n, title=n)
              for n in ("alpha", "beta", "gamma", "delta")]  # fmt: skip
+    lengths = RNG.sample(range(4, 31), 3 * len(pages))
     for page in pages:
-        store_page(store, page)
+        store_page(store, page, lengths)
     live = {p.content_sha256: "s.test" for p in pages[:3]}
     store.mark_pages(tenant_key=TK, generation=1, live=live, dead=[])
     store.mark_pages(tenant_key=TK, generation=2, live={}, dead=[pages[2].content_sha256])
