@@ -10,12 +10,12 @@ from webctx.adapters.keyed_search import (
     Json,
     KeyedApi,
     error_detail,
-    http_url,
     key_refused,
+    listed,
     plain_text,
     spent,
+    text_or_none,
 )
-from webctx.errors import ProviderError
 from webctx.models import SearchResult
 
 MAX_RESULTS = 100
@@ -49,19 +49,13 @@ class ExaSearch:
             since = datetime.now(UTC) - timedelta(days=recency_days)
             body["startPublishedDate"] = since.strftime("%Y-%m-%dT%H:%M:%S.000Z")
         answer = self._api.request("POST", "/search", body=body)
-        items = answer.get("results")
-        if not isinstance(items, list):
-            raise ProviderError(self.name, "response has no results list")
         results: list[SearchResult] = []
-        for item in items:
-            url = http_url(item.get("url")) if isinstance(item, dict) else None
-            if url is None:
-                continue
-            text = item.get("text") if isinstance(item.get("text"), str) else ""
+        for url, item in listed(self.name, answer.get("results")):
+            text = text_or_none(item.get("text"))
             results.append(SearchResult(url=url, title=plain_text(item.get("title")),
-                                        snippet=_snippet(item, text), rank=len(results),
+                                        snippet=_snippet(item, text or ""), rank=len(results),
                                         query=query, provider=self.name,
-                                        content=text if text.strip() else None))  # fmt: skip
+                                        content=text))  # fmt: skip
         return results[:limit]
 
     def close(self) -> None:

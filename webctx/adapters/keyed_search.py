@@ -55,6 +55,26 @@ def http_url(value: object) -> str | None:
     return value if isinstance(value, str) and value.startswith(("http://", "https://")) else None
 
 
+def listed(
+    provider: str, items: object, *, url_field: str = "url", name: str = "results"
+) -> list[tuple[str, Json]]:
+    """Each result object of the vendor's list `items` that names an http(s) URL in
+    `url_field`, with that URL, in order; an answer without the list is a ProviderError."""
+    if not isinstance(items, list):
+        raise ProviderError(provider, f"response has no {name} list")
+    found: list[tuple[str, Json]] = []
+    for item in items:
+        url = http_url(item.get(url_field)) if isinstance(item, dict) else None
+        if url is not None:
+            found.append((url, item))
+    return found
+
+
+def text_or_none(value: object) -> str | None:
+    """A page text a vendor sent, or None when it sent none (absent, empty, not a string)."""
+    return value if isinstance(value, str) and value.strip() else None
+
+
 class KeyedApi:
     """One vendor's HTTP endpoint under its key: `request` returns the answer's JSON object."""
 

@@ -8,8 +8,8 @@ from webctx.adapters.keyed_search import (
     Json,
     KeyedApi,
     error_detail,
-    http_url,
     key_refused,
+    listed,
     plain_text,
     spent,
 )
@@ -43,16 +43,12 @@ class SerperSearch:
         if recency_days:
             body["tbs"] = _TBS[time_range(recency_days)]
         answer = self._api.request("POST", "/search", body=body)
-        items = answer.get("organic", [])  # no organic hits: the key may be missing
-        if not isinstance(items, list):
-            raise ProviderError(self.name, "response has no organic list")
         if "organic" not in answer and "searchParameters" not in answer:
             raise ProviderError(self.name, "response is no search answer")
+        # No organic hits: the key may be missing.
+        found = listed(self.name, answer.get("organic", []), url_field="link", name="organic")
         results: list[SearchResult] = []
-        for item in items:
-            url = http_url(item.get("link")) if isinstance(item, dict) else None
-            if url is None:
-                continue
+        for url, item in found:
             results.append(SearchResult(url=url, title=plain_text(item.get("title")),
                                         snippet=plain_text(item.get("snippet")),
                                         rank=len(results), query=query,

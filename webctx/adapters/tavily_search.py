@@ -8,12 +8,12 @@ from webctx.adapters.keyed_search import (
     Json,
     KeyedApi,
     error_detail,
-    http_url,
     key_refused,
+    listed,
     plain_text,
     spent,
+    text_or_none,
 )
-from webctx.errors import ProviderError
 from webctx.models import SearchResult
 from webctx.stages.search import time_range
 
@@ -47,20 +47,12 @@ class TavilySearch:
         if recency_days:
             body["time_range"] = time_range(recency_days)
         answer = self._api.request("POST", "/search", body=body)
-        items = answer.get("results")
-        if not isinstance(items, list):
-            raise ProviderError(self.name, "response has no results list")
         results: list[SearchResult] = []
-        for item in items:
-            url = http_url(item.get("url")) if isinstance(item, dict) else None
-            if url is None:
-                continue
-            raw = item.get("raw_content")
+        for url, item in listed(self.name, answer.get("results")):
             results.append(SearchResult(url=url, title=plain_text(item.get("title")),
                                         snippet=plain_text(item.get("content")),
                                         rank=len(results), query=query, provider=self.name,
-                                        content=raw if isinstance(raw, str) and raw.strip()
-                                        else None))  # fmt: skip
+                                        content=text_or_none(item.get("raw_content"))))  # fmt: skip
         return results[:limit]
 
     def close(self) -> None:
