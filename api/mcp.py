@@ -236,7 +236,7 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
             Field(ge=0, le=WAIT_LIMIT_S, description="Seconds to wait (default: the server's)."),
         ] = None,
     ) -> Annotated[CallToolResult, WebContextOut]:
-        runtime = get_runtime()
+        runtime = await _kept(get_runtime)
         caller = await anyio.to_thread.run_sync(caller_for, runtime, ctx.headers)
         try:
             await anyio.to_thread.run_sync(owned_progress, runtime, caller, job_id)
@@ -261,7 +261,7 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
             int, Field(ge=0, description="Start at this character (a cut result's next_offset).")
         ] = 0,
     ) -> Annotated[CallToolResult, SourceOut]:
-        runtime = get_runtime()
+        runtime = await _kept(get_runtime)
         caller = await anyio.to_thread.run_sync(caller_for, runtime, ctx.headers)
         page = await anyio.to_thread.run_sync(runtime.jobs.tenant_page, caller.tenant, ref)
         if page is None:
@@ -316,6 +316,14 @@ def build_mcp(get_runtime: Callable[[], Runtime]) -> MCPServer:
         )
 
     return server
+
+
+async def _kept(get_runtime: Callable[[], Runtime]) -> Runtime:
+    """The runtime, its local service running: one killed since an earlier call took its
+    state store along, and the tool's first read would meet none."""
+    runtime = get_runtime()
+    await anyio.to_thread.run_sync(runtime.keep_service)
+    return runtime
 
 
 def _hits_text(hits: list[IndexHit]) -> str:

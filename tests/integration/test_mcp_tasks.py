@@ -186,6 +186,33 @@ def test_a_task_survives_a_sigkill_of_the_local_service_and_a_new_mcp_server(
     assert restarted is not None and restarted != service
 
 
+def test_get_job_after_a_sigkill_of_the_local_service_starts_another_and_finishes(
+    slow_web: LoopbackWeb, tmp_path: Path, data_dir: Path
+) -> None:
+    # A host without the tasks extension: web_context hands back a job id, get_job waits.
+    env = _env(slow_web, tmp_path)
+    client = _server(env)
+    try:
+        started = client.request("tools/call", {"name": "web_context",
+                                                "arguments": {**ARGS, "wait_s": 0}},
+                                 capabilities={})  # fmt: skip
+        job_id = started["result"]["structuredContent"]["job_id"]
+        service = service_pid(data_dir)
+        assert service is not None
+        os.kill(service, signal.SIGKILL)
+        _wait_gone(socket_path((data_dir / "valkey").resolve()))
+        finished = client.request("tools/call", {"name": "get_job",
+                                                 "arguments": {"job_id": job_id, "wait_s": 150}},
+                                  capabilities={}, timeout_s=180)  # fmt: skip
+    finally:
+        client.close()
+    result = finished["result"]
+    assert not result.get("isError"), result
+    assert Bundle.model_validate(result["structuredContent"]).chunks
+    restarted = service_pid(data_dir)
+    assert restarted is not None and restarted != service
+
+
 def _wait_gone(socket: Path, timeout_s: float = 10) -> None:
     """Until nothing answers on the state store's socket."""
     client = redis.Redis(unix_socket_path=str(socket), socket_timeout=1)
