@@ -19,11 +19,10 @@ demo: install
 
 # The whole suite: in parallel (each xdist worker has its own Redis database, see
 # tests/conftest.py; integration tests mostly wait on worker processes, so more workers than
-# cores pay off), then alone the few tests that assert timing (marker `serial`, 40 tests).
+# cores pay off), then alone the few tests that assert timing (marker `serial`, 44 tests).
 # The longest tests start first and each xdist_group stays on one worker (tests/scheduling.py).
-# On a fresh clone on 2 otherwise quiet cores: 1,029 tests in 3:26, then the serial 40 in 0:29
-# (5:02 with the install); the wall time follows the machine's other load (the parallel run
-# took 5:28 at a load average of 12-13 and 6:16 at 16).
+# On a fresh clone on 2 otherwise quiet cores: 1,519 tests in 9:11-9:46, then the serial 44
+# in 0:39 (12:53 with the install); the wall time follows the machine's other load.
 TEST_WORKERS ?= 6
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -p no:cacheprovider
 
