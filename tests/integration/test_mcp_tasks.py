@@ -166,11 +166,7 @@ def test_a_task_survives_a_sigkill_of_the_local_service_and_a_new_mcp_server(
     try:
         task_id = _start_task(first)["taskId"]
         poll(first, task_id, timeout_s=120, stop=_fetched_some)
-        service = service_pid(data_dir)
-        assert service is not None
-        os.kill(service, signal.SIGKILL)  # mid-job: its lock and address file stay
-        # Its Valkey follows it: the next read meets no state store, whatever the load.
-        _wait_gone(socket_path((data_dir / "valkey").resolve()))
+        service = _kill_service(data_dir)
         during = first.request("tasks/get", {"taskId": task_id})  # starts another service
     finally:
         first.kill()  # the host restarted too: a new MCP server process asks next
@@ -197,10 +193,7 @@ def test_get_job_after_a_sigkill_of_the_local_service_starts_another_and_finishe
                                                 "arguments": {**ARGS, "wait_s": 0}},
                                  capabilities={})  # fmt: skip
         job_id = started["result"]["structuredContent"]["job_id"]
-        service = service_pid(data_dir)
-        assert service is not None
-        os.kill(service, signal.SIGKILL)
-        _wait_gone(socket_path((data_dir / "valkey").resolve()))
+        service = _kill_service(data_dir)
         finished = client.request("tools/call", {"name": "get_job",
                                                  "arguments": {"job_id": job_id, "wait_s": 150}},
                                   capabilities={}, timeout_s=180)  # fmt: skip
@@ -211,6 +204,17 @@ def test_get_job_after_a_sigkill_of_the_local_service_starts_another_and_finishe
     assert Bundle.model_validate(result["structuredContent"]).chunks
     restarted = service_pid(data_dir)
     assert restarted is not None and restarted != service
+
+
+def _kill_service(data_dir: Path) -> int:
+    """SIGKILL the local service mid-job (its lock and address file stay) and wait until
+    its Valkey, which follows it, stops answering: the next read meets no state store,
+    whatever the load. Returns the killed service's pid."""
+    service = service_pid(data_dir)
+    assert service is not None
+    os.kill(service, signal.SIGKILL)
+    _wait_gone(socket_path((data_dir / "valkey").resolve()))
+    return service
 
 
 def _wait_gone(socket: Path, timeout_s: float = 10) -> None:

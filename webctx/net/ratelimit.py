@@ -49,7 +49,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: ev sum pause lim fly. ARGV: rpm tpm window_ms tokens id flight_max_ms.
+# KEYS: ev sum pause lim fly. ARGV: rpm tpm window_ms tokens id flight_max_ms ttl_ms.
 # -> {1, now} or {0, wait_ms}
 _ACQUIRE = (
     _NOW
@@ -102,7 +102,7 @@ end
 redis.call('ZADD', KEYS[1], now, ARGV[5] .. ':' .. tokens)
 redis.call('ZADD', KEYS[5], now, ARGV[5] .. ':' .. tokens)
 redis.call('INCRBY', KEYS[2], tokens)
-local keep = math.max(window * 2, tonumber(ARGV[6]))
+local keep = tonumber(ARGV[7])
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
 redis.call('PEXPIRE', KEYS[5], keep)
@@ -110,7 +110,7 @@ return {1, now}
 """
 )
 
-# KEYS: ev sum fly. ARGV: member keep(1|0) window_ms. Re-stamp an answered request to now,
+# KEYS: ev sum fly. ARGV: member keep(1|0) ttl_ms. Re-stamp an answered request to now,
 # or drop one the server refused (a 429 is not counted in the provider's window).
 _SETTLE = (
     _NOW
@@ -118,8 +118,8 @@ _SETTLE = (
 redis.call('ZREM', KEYS[3], ARGV[1])
 if ARGV[2] == '1' then
   if redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[1]) == 1 then
-    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
-    redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]) * 2)
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+    redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
   end
 elseif redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   redis.call('DECRBY', KEYS[2], tonumber(string.match(ARGV[1], ':(%d+)$')))
@@ -207,7 +207,8 @@ class RedisRateLimiter:
             raise ConfigError(f"a request of {tokens} tokens can never fit a {tpm} TPM limit")
         member_id = uuid.uuid4().hex[:16]
         args: list[int | str] = [
-            self.rpm or 0, self.tpm or 0, self.window_ms, tokens, member_id, _FLIGHT_MAX_MS
+            self.rpm or 0, self.tpm or 0, self.window_ms, tokens, member_id, _FLIGHT_MAX_MS,
+            self._ttl_ms(),
         ]
         started = time.monotonic()
         while True:
@@ -225,7 +226,12 @@ class RedisRateLimiter:
         """Mark a reserved request answered (`sent`), or refused with 429 (not counted)."""
         keep = "1" if sent else "0"
         keys = [self._keys[0], self._keys[1], self._keys[4]]
-        self._settle(keys=keys, args=[reservation.member, keep, self.window_ms])
+        self._settle(keys=keys, args=[reservation.member, keep, self._ttl_ms()])
+
+    def _ttl_ms(self) -> int:
+        """How long the log outlives its last change: a window past the last event, and
+        never less than a request may stay in flight."""
+        return max(self.window_ms * 2, _FLIGHT_MAX_MS)
 
     def pause(self, seconds: float) -> None:
         """Hold every process off this key for `seconds` (after a 429)."""
